@@ -1,0 +1,385 @@
+#pragma once
+// Every message of the lifecycle, as plain structs. Body fields travel as a msgpack map
+// (MSGPACK_DEFINE_MAP: fields can be added without breaking old peers); large arrays are
+// listed by raw() and travel as raw binary frames after the body, in raw()'s order.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <msgpack.hpp>
+
+#include "messages/protocol.hpp"
+
+MSGPACK_ADD_ENUM(duet::msg::finish_reason);
+MSGPACK_ADD_ENUM(duet::msg::error_code);
+MSGPACK_ADD_ENUM(duet::msg::kv_path);
+
+/// A msgpack map with no fields yet (MSGPACK_DEFINE_MAP() needs at least one).
+#define DUET_MSGPACK_EMPTY_MAP                                                        \
+  template <class Packer>                                                             \
+  void msgpack_pack(Packer& packer) const {                                           \
+    packer.pack_map(0);                                                               \
+  }                                                                                   \
+  void msgpack_unpack(const msgpack::object& object) {                                \
+    if (object.type != msgpack::type::MAP) throw msgpack::type_error();               \
+  }                                                                                   \
+  void msgpack_object(msgpack::object* object, msgpack::zone&) const {                \
+    object->type = msgpack::type::MAP;                                                \
+    object->via.map.size = 0;                                                         \
+    object->via.map.ptr = nullptr;                                                    \
+  }
+
+namespace duet::msg {
+
+/// Sampling settings of one request, carried from the client to prefill and decode.
+struct sampling_params {
+  float temperature = 0.0f;  // 0 = greedy
+  float top_p = 1.0f;
+  int32_t top_k = 0;  // 0 = off
+  float min_p = 0.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  uint64_t seed = 0;
+  bool has_seed = false;
+  uint32_t max_new_tokens = 16;
+  bool ignore_eos = false;
+  uint32_t top_logprobs = 0;
+  std::vector<int32_t> stop_token_ids;
+  std::vector<std::string> stop_strings;
+  MSGPACK_DEFINE_MAP(temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
+                     repetition_penalty, seed, has_seed, max_new_tokens, ignore_eos,
+                     top_logprobs, stop_token_ids, stop_strings);
+  friend bool operator==(const sampling_params&, const sampling_params&) = default;
+};
+
+// ---------------------------------------------------------------- node to node
+
+/// First message on every new peer connection; peers refuse mismatched hashes.
+struct hello {
+  static constexpr type_id id = type_id::hello;
+  std::string node;
+  uint16_t protocol = protocol_version;
+  uint64_t compat_hash = 0;  // model, dtype, KV layout, block size (runtime/compat.hpp)
+  int64_t pid = 0;
+  MSGPACK_DEFINE_MAP(node, protocol, compat_hash, pid);
+  auto raw() { return std::tie(); }
+  friend bool operator==(const hello&, const hello&) = default;
+};
+
+struct heartbeat {
+  static constexpr type_id id = type_id::heartbeat;
+  std::string node;
+  int64_t time_ms = 0;
+  MSGPACK_DEFINE_MAP(node, time_ms);
+  auto raw() { return std::tie(); }
+  friend bool operator==(const heartbeat&, const heartbeat&) = default;
+};
+
+/// A refusal of a message that could not be handled (unknown destination, incompatible peer).
+struct error {
+  static constexpr type_id id = type_id::error;
+  error_code code = error_code::internal;
+  std::string message;
+  uint64_t about = 0;  // correlation id of the message this answers
+  MSGPACK_DEFINE_MAP(code, message, about);
+  auto raw() { return std::tie(); }
+  friend bool operator==(const error&, const error&) = default;
+};
+
+// ---------------------------------------------------------------- client <-> cluster
+
+/// A generation request. `request_id` is chosen by the client, unique per client.
+struct submit {
+  static constexpr type_id id = type_id::submit;
+  uint64_t request_id = 0;
+  std::string prompt;                  // text; used when prompt_tokens is empty
+  std::vector<int32_t> prompt_tokens;  // raw frame
+  sampling_params sampling;
+  MSGPACK_DEFINE_MAP(request_id, prompt, sampling);
+  auto raw() { return std::tie(prompt_tokens); }
+  friend bool operator==(const submit&, const submit&) = default;
+};
+
+struct admitted {
+  static constexpr type_id id = type_id::admitted;
+  uint64_t request_id = 0;
+  uint32_t prompt_tokens = 0;
+  uint32_t queue_position = 0;
+  MSGPACK_DEFINE_MAP(request_id, prompt_tokens, queue_position);
+  auto raw() { return std::tie(); }
+  friend bool operator==(const admitted&, const admitted&) = default;
+};
+
+/// Refused before admission: nothing was reserved, nothing needs releasing.
+struct rejected {
+  static constexpr type_id id = type_id::rejected;
+  uint64_t request_id = 0;
+  error_code code = error_code::bad_request;
+  std::string message;
+  uint32_t retry_after_ms = 0;
+  MSGPACK_DEFINE_MAP(request_id, code, message, retry_after_ms);
+  auto raw() { return std::tie(); }
+  friend bool operator==(const rejected&, const rejected&) = default;
+};
+
+struct cancel {
+  static constexpr type_id id = type_id::cancel;
+  uint64_t request_id = 0;
+  MSGPACK_DEFINE_MAP(request_id);
+  auto raw() { return std::tie(); }
+  friend bool operator==(const cancel&, const cancel&) = default;
+};
+
+/// New tokens of one step for every request of one client (one message per step per
+/// destination). Entry i: request_ids[i] got token tokens[i] at output position positions[i].
+struct token_batch {
+  static constexpr type_id id = type_id::token_batch;
+  std::vector<uint64_t> request_ids;
+  std::vector<int32_t> tokens;
+  std::vector<uint32_t> positions;
+  DUET_MSGPACK_EMPTY_MAP
+  auto raw() { return std::tie(request_ids, tokens, positions); }
+  friend bool operator==(const token_batch&, const token_batch&) = default;
+};
+
+/// The final response of an admitted request, success or error.
+struct finish {
+  static constexpr type_id id = type_id::finish;
+  uint64_t request_id = 0;
+  finish_reason reason = finish_reason::stop;
+  error_code code = error_code::none;
+  std::string message;
+  uint32_t prompt_tokens = 0;
+  uint32_t completion_tokens = 0;
+  MSGPACK_DEFINE_MAP(request_id, reason, code, message, prompt_tokens, completion_tokens);
+  auto raw() { return std::tie(); }
+  friend bool operator==(const finish&, const finish&) = default;
+};
+
+// ---------------------------------------------------------------- router <-> workers
+
+/// Router to prefill: run this prompt. seq_id is the router's cluster-wide request id.
+struct prefill_request {
+  static constexpr type_id id = type_id::prefill_request;
+  uint64_t seq_id = 0;
+  std::vector<int32_t> tokens;  // raw frame
+  sampling_params sampling;
+  MSGPACK_DEFINE_MAP(seq_id, sampling);
+  auto raw() { return std::tie(tokens); }
+  friend bool operator==(const prefill_request&, const prefill_request&) = default;
+};
+
+/// Prefill to router: KV is registered with the broker under handle_id; first token sampled.
+struct prefill_done {
+  static constexpr type_id id = type_id::prefill_done;
+  uint64_t seq_id = 0;
+  uint64_t handle_id = 0;
+  int32_t first_token = 0;
+  uint32_t prompt_tokens = 0;
+  uint64_t layout_hash = 0;
+  MSGPACK_DEFINE_MAP(seq_id, handle_id, first_token, prompt_tokens, layout_hash);
+  auto raw() { return std::tie(); }
+  friend bool operator==(const prefill_done&, const prefill_done&) = default;
+};
+
+/// A worker gave up on a sequence (no memory, engine failure, timeout, cancel done).
+struct stage_failed {
+  static constexpr type_id id = type_id::stage_failed;
+  uint64_t seq_id = 0;
+  finish_reason reason = finish_reason::error;
+  error_code code = error_code::internal;
+  std::string message;
+  MSGPACK_DEFINE_MAP(seq_id, reason, code, message);
+  auto raw() { return std::tie(); }
+  friend bool operator==(const stage_failed&, const stage_failed&) = default;
+};
+
+/// Router to a worker: stop this sequence and release what it holds.
+struct cancel_seq {
+  static constexpr type_id id = type_id::cancel_seq;
+  uint64_t seq_id = 0;
+  finish_reason reason = finish_reason::cancelled;
+  MSGPACK_DEFINE_MAP(seq_id, reason);
+  auto raw() { return std::tie(); }
+  friend bool operator==(const cancel_seq&, const cancel_seq&) = default;
+};
+
+/// Decode to router: the sequence ended and its final `finish` went to the client.
+struct request_done {
+  static constexpr type_id id = type_id::request_done;
+  uint64_t seq_id = 0;
+  finish_reason reason = finish_reason::stop;
+  uint32_t completion_tokens = 0;
+  MSGPACK_DEFINE_MAP(seq_id, reason, completion_tokens);
+  auto raw() { return std::tie(); }
+  friend bool operator==(const request_done&, const request_done&) = default;
+};
+
+/// Router to decode: take over this sequence; pull its KV from the broker.
+struct kv_adopt {
+  static constexpr type_id id = type_id::kv_adopt;
+  uint64_t seq_id = 0;
+  uint64_t handle_id = 0;
+  uint64_t layout_hash = 0;
+  std::string client;  // address the tokens stream to
+  uint64_t request_id = 0;  // the client's id
+  int32_t first_token = 0;
+  sampling_params sampling;
+  std::vector<int32_t> prompt;  // raw frame; penalties need the history
+  MSGPACK_DEFINE_MAP(seq_id, handle_id, layout_hash, client, request_id, first_token, sampling);
+  auto raw() { return std::tie(prompt); }
+  friend bool operator==(const kv_adopt&, const kv_adopt&) = default;
+};
+
+// ---------------------------------------------------------------- KV-handle broker
+
+/// The KV cache of one prefilled sequence, owned by one actor's pool.
+struct kv_handle {
+  uint64_t handle_id = 0;
+  std::string owner;  // address of the actor whose pool holds the blocks
+  int32_t device = 0;
+  uint32_t token_count = 0;
+  uint64_t layout_hash = 0;
+  uint64_t bytes = 0;
+  MSGPACK_DEFINE_MAP(handle_id, owner, device, token_count, layout_hash, bytes);
+  friend bool operator==(const kv_handle&, const kv_handle&) = default;
+};
+
+struct kv_register {
+  static constexpr type_id id = type_id::kv_register;
+  kv_handle handle;
+  std::vector<uint32_t> block_ids;  // raw frame
+  MSGPACK_DEFINE_MAP(handle);
+  auto raw() { return std::tie(block_ids); }
+  friend bool operator==(const kv_register&, const kv_register&) = default;
+};
+
+struct kv_registered {
+  static constexpr type_id id = type_id::kv_registered;
+  uint64_t handle_id = 0;
+  int64_t lease_expiry_ms = 0;
+  MSGPACK_DEFINE_MAP(handle_id, lease_expiry_ms);
+  auto raw() { return std::tie(); }
+  friend bool operator==(const kv_registered&, const kv_registered&) = default;
+};
+
+/// Decode to broker: move the handle's KV into these blocks of my pool.
+struct kv_pull {
+  static constexpr type_id id = type_id::kv_pull;
+  uint64_t handle_id = 0;
+  uint64_t layout_hash = 0;
+  int32_t device = 0;
+  std::vector<uint32_t> block_ids;  // raw frame
+  MSGPACK_DEFINE_MAP(handle_id, layout_hash, device);
+  auto raw() { return std::tie(block_ids); }
+  friend bool operator==(const kv_pull&, const kv_pull&) = default;
+};
+
+/// Broker to decode: the KV is in place (ok) or will never be (error).
+struct kv_moved {
+  static constexpr type_id id = type_id::kv_moved;
+  uint64_t handle_id = 0;
+  kv_path path = kv_path::none;
+  uint64_t bytes = 0;
+  error_code code = error_code::none;
+  std::string message;
+  MSGPACK_DEFINE_MAP(handle_id, path, bytes, code, message);
+  auto raw() { return std::tie(); }
+  friend bool operator==(const kv_moved&, const kv_moved&) = default;
+};
+
+/// Decode to broker: the KV is mine now; the source may free its blocks.
+struct kv_confirm {
+  static constexpr type_id id = type_id::kv_confirm;
+  uint64_t handle_id = 0;
+  MSGPACK_DEFINE_MAP(handle_id);
+  auto raw() { return std::tie(); }
+  friend bool operator==(const kv_confirm&, const kv_confirm&) = default;
+};
+
+/// Broker to owner: free the handle's blocks (after confirm, nack, drop or lease expiry).
+struct kv_release {
+  static constexpr type_id id = type_id::kv_release;
+  uint64_t handle_id = 0;
+  std::string reason;
+  MSGPACK_DEFINE_MAP(handle_id, reason);
+  auto raw() { return std::tie(); }
+  friend bool operator==(const kv_release&, const kv_release&) = default;
+};
+
+/// Decode to broker: I will not take this handle (no memory, cancelled, incompatible).
+struct kv_nack {
+  static constexpr type_id id = type_id::kv_nack;
+  uint64_t handle_id = 0;
+  std::string reason;
+  MSGPACK_DEFINE_MAP(handle_id, reason);
+  auto raw() { return std::tie(); }
+  friend bool operator==(const kv_nack&, const kv_nack&) = default;
+};
+
+struct kv_renew {
+  static constexpr type_id id = type_id::kv_renew;
+  uint64_t handle_id = 0;
+  MSGPACK_DEFINE_MAP(handle_id);
+  auto raw() { return std::tie(); }
+  friend bool operator==(const kv_renew&, const kv_renew&) = default;
+};
+
+/// Router to broker: the request died before adoption; release the handle.
+struct kv_drop {
+  static constexpr type_id id = type_id::kv_drop;
+  uint64_t handle_id = 0;
+  std::string reason;
+  MSGPACK_DEFINE_MAP(handle_id, reason);
+  auto raw() { return std::tie(); }
+  friend bool operator==(const kv_drop&, const kv_drop&) = default;
+};
+
+// ---------------------------------------------------------------- observation
+
+/// Worker to router, periodically and on change: what placement decisions need.
+struct load_report {
+  static constexpr type_id id = type_id::load_report;
+  std::string actor;
+  uint32_t queued = 0;
+  uint32_t running = 0;
+  uint32_t free_blocks = 0;
+  uint32_t total_blocks = 0;
+  MSGPACK_DEFINE_MAP(actor, queued, running, free_blocks, total_blocks);
+  auto raw() { return std::tie(); }
+  friend bool operator==(const load_report&, const load_report&) = default;
+};
+
+struct stats_request {
+  static constexpr type_id id = type_id::stats_request;
+  DUET_MSGPACK_EMPTY_MAP
+  auto raw() { return std::tie(); }
+  friend bool operator==(const stats_request&, const stats_request&) = default;
+};
+
+/// One actor's counters; KV pool state where it has one.
+struct stats_reply {
+  static constexpr type_id id = type_id::stats_reply;
+  std::string actor;
+  std::string role;
+  uint32_t free_blocks = 0;
+  uint32_t total_blocks = 0;
+  std::map<std::string, uint64_t> counters;
+  MSGPACK_DEFINE_MAP(actor, role, free_blocks, total_blocks, counters);
+  auto raw() { return std::tie(); }
+  friend bool operator==(const stats_reply&, const stats_reply&) = default;
+};
+
+/// The catalogue: every message type, in type-id order.
+template <class... Ts>
+struct type_list {};
+using all_messages =
+    type_list<hello, heartbeat, error, submit, admitted, rejected, cancel, token_batch, finish,
+              prefill_request, prefill_done, stage_failed, cancel_seq, request_done, kv_adopt,
+              kv_register, kv_registered, kv_pull, kv_moved, kv_confirm, kv_release, kv_nack,
+              kv_renew, kv_drop, load_report, stats_request, stats_reply>;
+
+}  // namespace duet::msg

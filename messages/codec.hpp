@@ -1,0 +1,109 @@
+#pragma once
+// Wire format (docs/protocol.md): a message is a list of frames
+//   [0] envelope  msgpack map
+//   [1] body      msgpack map (the message struct's fields)
+//   [2..] raw     one frame per array listed by the struct's raw(), little-endian elements
+#include <cstddef>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "messages/catalogue.hpp"
+#include "messages/result.hpp"
+
+namespace duet::msg {
+
+using frame = std::string;
+using frames = std::vector<frame>;
+
+/// Routing and lifecycle data carried by every message.
+struct envelope {
+  uint16_t version = protocol_version;
+  uint16_t type = 0;
+  std::string src;  // "node/actor"
+  std::string dst;  // "node/actor"
+  uint64_t correlation = 0;
+  int64_t deadline_ms = 0;  // unix epoch milliseconds; 0 = none
+  MSGPACK_DEFINE_MAP(version, type, src, dst, correlation, deadline_ms);
+};
+
+/// Bounds applied while decoding untrusted bytes.
+struct codec_limits {
+  std::size_t max_frames = 8;
+  std::size_t max_frame_bytes = std::size_t{64} << 20;
+  std::size_t max_container_items = 1u << 16;  // msgpack array/map entries
+  std::size_t max_string_bytes = 1u << 24;
+  std::size_t max_depth = 16;
+};
+
+namespace detail {
+result<msgpack::object_handle> unpack_frame(const frame& bytes, const codec_limits& limits);
+
+template <class T>
+frame raw_frame(const std::vector<T>& values) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  frame out(values.size() * sizeof(T), '\0');
+  if (!values.empty()) std::memcpy(out.data(), values.data(), out.size());
+  return out;
+}
+
+template <class T>
+bool read_raw_frame(const frame& bytes, std::vector<T>& out) {
+  if (bytes.size() % sizeof(T) != 0) return false;
+  out.resize(bytes.size() / sizeof(T));
+  if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+  return true;
+}
+}  // namespace detail
+
+/// Encodes a message with its envelope; sets env.type from the message type.
+template <class M>
+[[nodiscard]] frames encode(envelope env, const M& message) {
+  env.type = static_cast<uint16_t>(M::id);
+  frames out;
+  msgpack::sbuffer buffer;
+  msgpack::pack(buffer, env);
+  out.emplace_back(buffer.data(), buffer.size());
+  buffer.clear();
+  msgpack::pack(buffer, message);
+  out.emplace_back(buffer.data(), buffer.size());
+  // raw() hands out references for reading only; it is non-const because std::tie is.
+  auto arrays = const_cast<M&>(message).raw();
+  std::apply([&](auto&... array) { (out.push_back(detail::raw_frame(array)), ...); }, arrays);
+  return out;
+}
+
+/// Decodes and checks the envelope (frame 0) and the frame count.
+[[nodiscard]] result<envelope> decode_envelope(const frames& in, const codec_limits& limits = {});
+
+/// Decodes the body and raw frames as message type M (the caller checked the type id).
+template <class M>
+[[nodiscard]] result<M> decode_body(const frames& in, const codec_limits& limits = {}) {
+  M message;
+  constexpr std::size_t raw_count = std::tuple_size_v<decltype(message.raw())>;
+  if (in.size() != 2 + raw_count) {
+    return result<M>::failure(std::string(to_string(M::id)) + ": expected " +
+                              std::to_string(2 + raw_count) + " frames, got " +
+                              std::to_string(in.size()));
+  }
+  auto handle = detail::unpack_frame(in[1], limits);
+  if (!handle) return result<M>::failure(std::string(to_string(M::id)) + " body: " + handle.error());
+  try {
+    if (handle->get().type != msgpack::type::MAP) {
+      return result<M>::failure(std::string(to_string(M::id)) + " body is not a map");
+    }
+    handle->get().convert(message);
+  } catch (const std::exception& e) {
+    return result<M>::failure(std::string(to_string(M::id)) + " body: " + e.what());
+  }
+  std::size_t index = 2;
+  bool raw_ok = true;
+  std::apply([&](auto&... array) { ((raw_ok = raw_ok && detail::read_raw_frame(in[index++], array)), ...); },
+             message.raw());
+  if (!raw_ok) return result<M>::failure(std::string(to_string(M::id)) + ": raw frame size is not a whole number of elements");
+  return message;
+}
+
+}  // namespace duet::msg
