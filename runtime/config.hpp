@@ -1,9 +1,11 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace duet {
@@ -85,10 +87,31 @@ struct deployment_config {
   [[nodiscard]] const node_config* find_node(std::string_view name) const;
 };
 
+/// One problem found in a config: where it is, which key, what is wrong.
+struct config_diagnostic {
+  std::string source;   // file name or parse_config's source_name ("" when built in code)
+  uint32_t line = 0;    // 1-based; 0 when unknown (a config built in code)
+  uint32_t column = 0;  // 1-based; 0 when unknown
+  std::string key;      // dotted path, e.g. "nodes[0].actors[1].role"; "" for syntax errors
+  std::string message;  // what is wrong, e.g. "must be one of: router, prefill, decode, broker"
+};
+
+/// "FILE:LINE:COLUMN: key 'a.b.c': what is wrong" (parts without a value are left out).
+[[nodiscard]] std::string to_string(const config_diagnostic& diagnostic);
+
 /// A config error that names file:line:key; `duet` exits with code 2 on it.
+/// what() holds one formatted line per diagnostic, in file order.
 class config_error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+  /// Requires at least one diagnostic.
+  explicit config_error(std::vector<config_diagnostic> diagnostics);
+
+  /// Every problem found (empty when built from a plain message).
+  [[nodiscard]] const std::vector<config_diagnostic>& diagnostics() const noexcept;
+
+ private:
+  std::shared_ptr<const std::vector<config_diagnostic>> diagnostics_;  // shared: nothrow copy
 };
 
 /// Parses and validates a TOML deployment file. Throws config_error.
@@ -99,6 +122,16 @@ class config_error : public std::runtime_error {
 /// The built-in single-process deployment used when no config is given.
 [[nodiscard]] deployment_config default_config();
 
+/// Checks every rule that load_config checks after parsing (ranges, enums, endpoints,
+/// names, roles present); for configs built or changed in code. Throws config_error.
+void validate_config(const deployment_config& config);
+
 [[nodiscard]] std::string_view to_string(actor_role role);
+/// "router" | "prefill" | "decode" | "broker"; nullopt for anything else.
+[[nodiscard]] std::optional<actor_role> actor_role_from_string(std::string_view text);
+
+/// Every key a deployment file may hold, as schema paths ("model.block_tokens",
+/// "nodes.endpoint", "nodes.actors.sm_share"), in documentation order.
+[[nodiscard]] std::vector<std::string> config_keys();
 
 }  // namespace duet

@@ -23,7 +23,14 @@ struct tokenizer_spec {
   std::vector<std::pair<std::string, std::string>> merges;  // in rank order
   std::vector<added_token> added;
   std::string pre_tokenizer;  // split-regex family: "llama3", "qwen2", "gpt2", "smollm", ...
-  std::string normalizer;     // "" (none) or "nfc"
+  // Split regexes applied in order, each one splitting the pieces of the one before (matches
+  // and the gaps between them both kept, as HF's Split with behavior "Isolated"). Filled from
+  // tokenizer.json; when empty, the `pre_tokenizer` family name chooses them.
+  std::vector<std::string> pre_tokenizer_regexes;
+  // A word that is a whole vocab entry becomes that one token without merging (HF BPE
+  // "ignore_merges", set by Llama-3). The "llama3" family implies it when no regexes are given.
+  bool ignore_merges = false;
+  std::string normalizer;     // "" (none) or "nfc" ("nfd", "nfkc", "nfkd" also accepted)
   std::optional<int32_t> bos_id;
   std::optional<int32_t> eos_id;
   bool add_bos = false;       // prepend bos when encoding with add_special

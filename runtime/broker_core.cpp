@@ -1,0 +1,142 @@
+#include "runtime/broker_core.hpp"
+
+namespace duet {
+
+std::string_view to_string(handle_state state) {
+  switch (state) {
+    case handle_state::registered: return "registered";
+    case handle_state::transferring: return "transferring";
+    case handle_state::confirmed: return "confirmed";
+    case handle_state::released: return "released";
+    case handle_state::nacked: return "nacked";
+    case handle_state::expired: return "expired";
+    case handle_state::failed: return "failed";
+  }
+  return "unknown";
+}
+
+broker_core::broker_core(std::string self, broker_settings settings)
+    : settings_(std::move(settings)), out_(std::move(self)) {}
+
+void broker_core::on_register(const std::string& from, const msg::kv_register& m, int64_t now_ms) {
+  const auto id = m.handle.handle_id;
+  if (handles_.contains(id)) {
+    // A retried registration: answer again, change nothing (idempotent).
+    ++counters_["duplicate_registrations"];
+    out_.send(from, msg::kv_registered{id, handles_[id].lease_expiry_ms});
+    return;
+  }
+  entry e{m.handle, m.block_ids, handle_state::registered, now_ms + settings_.lease_ms, {}};
+  e.handle.owner = from;  // the sender owns the blocks, whatever the body claims
+  handles_.emplace(id, std::move(e));
+  ++counters_["registered"];
+  counters_["bytes_registered"] += m.handle.bytes;
+  out_.send(from, msg::kv_registered{id, now_ms + settings_.lease_ms});
+}
+
+msg::kv_path broker_core::choose_path(const entry& e, const std::string& adopter) const {
+  if (e.handle.owner == adopter) return msg::kv_path::same_pool;
+  if (settings_.engine_kind == "sim") return msg::kv_path::none;
+  return msg::kv_path::tcp;
+}
+
+void broker_core::on_pull(const std::string& from, const msg::kv_pull& m, int64_t now_ms) {
+  auto it = handles_.find(m.handle_id);
+  msg::kv_moved reply;
+  reply.handle_id = m.handle_id;
+  if (it == handles_.end()) {
+    reply.code = msg::error_code::not_found;
+    reply.message = "KV handle " + std::to_string(m.handle_id) + " is unknown or its lease expired";
+    ++counters_["pulls_unknown"];
+    out_.send(from, reply);
+    return;
+  }
+  entry& e = it->second;
+  if (e.state != handle_state::registered) {
+    reply.code = msg::error_code::bad_request;
+    reply.message = "KV handle " + std::to_string(m.handle_id) + " is already " + std::string(to_string(e.state));
+    ++counters_["pulls_refused"];
+    out_.send(from, reply);
+    return;
+  }
+  if (m.layout_hash != e.handle.layout_hash || m.block_ids.size() < e.blocks.size()) {
+    reply.code = msg::error_code::incompatible;
+    reply.message = m.layout_hash != e.handle.layout_hash
+                        ? "KV layout differs between prefill and decode (model, dtype or block size)"
+                        : "destination has fewer blocks than the handle holds";
+    ++counters_["pulls_incompatible"];
+    out_.send(from, reply);
+    release(m.handle_id, handle_state::failed, "incompatible adopter");
+    return;
+  }
+  e.adopter = from;
+  e.state = handle_state::transferring;
+  e.lease_expiry_ms = now_ms + settings_.lease_ms;
+  reply.path = choose_path(e, from);
+  // Paths with bytes to move are driven by the transfer engine (issue: KV handover); the
+  // paths available here need no copy, so the KV is in place at once.
+  reply.bytes = reply.path == msg::kv_path::none ? 0 : e.handle.bytes;
+  ++counters_[std::string("transfers_") + std::string(msg::to_string(reply.path))];
+  out_.send(from, reply);
+}
+
+void broker_core::on_confirm(const std::string& from, const msg::kv_confirm& m) {
+  auto it = handles_.find(m.handle_id);
+  if (it == handles_.end() || it->second.adopter != from) {
+    ++counters_["confirms_ignored"];  // duplicate or stale: idempotent
+    return;
+  }
+  it->second.state = handle_state::confirmed;
+  ++counters_["confirmed"];
+  release(m.handle_id, handle_state::released, "confirmed");
+}
+
+void broker_core::on_nack(const std::string& from, const msg::kv_nack& m) {
+  if (!handles_.contains(m.handle_id)) {
+    ++counters_["nacks_ignored"];
+    return;
+  }
+  ++counters_["nacked"];
+  release(m.handle_id, handle_state::nacked, "nacked by " + from + ": " + m.reason);
+}
+
+void broker_core::on_drop(const std::string& from, const msg::kv_drop& m) {
+  if (!handles_.contains(m.handle_id)) {
+    ++counters_["drops_ignored"];
+    return;
+  }
+  ++counters_["dropped"];
+  release(m.handle_id, handle_state::released, "dropped by " + from + ": " + m.reason);
+}
+
+void broker_core::on_renew(const std::string& from, const msg::kv_renew& m, int64_t now_ms) {
+  auto it = handles_.find(m.handle_id);
+  if (it == handles_.end()) return;
+  it->second.lease_expiry_ms = now_ms + settings_.lease_ms;
+  ++counters_["renewed"];
+}
+
+void broker_core::reclaim(int64_t now_ms) {
+  std::vector<uint64_t> expired;
+  for (const auto& [id, e] : handles_) {
+    if (e.lease_expiry_ms <= now_ms) expired.push_back(id);
+  }
+  for (uint64_t id : expired) {
+    ++counters_["lease_expiries"];
+    const auto& e = handles_.at(id);
+    if (!e.adopter.empty()) {
+      out_.send(e.adopter, msg::kv_moved{id, msg::kv_path::none, 0, msg::error_code::timeout, "KV lease expired"});
+    }
+    release(id, handle_state::expired, "lease expired");
+  }
+}
+
+void broker_core::release(uint64_t handle_id, handle_state final_state, const std::string& reason) {
+  auto it = handles_.find(handle_id);
+  if (it == handles_.end()) return;
+  counters_["reclaimed_blocks"] += final_state == handle_state::expired ? it->second.blocks.size() : 0;
+  out_.send(it->second.handle.owner, msg::kv_release{handle_id, reason});
+  handles_.erase(it);
+}
+
+}  // namespace duet

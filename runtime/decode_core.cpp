@@ -1,0 +1,238 @@
+#include "runtime/decode_core.hpp"
+
+#include <algorithm>
+
+namespace duet {
+
+decode_core::decode_core(std::string self, decode_settings settings, engine& engine)
+    : settings_(std::move(settings)),
+      engine_(engine),
+      out_(std::move(self)),
+      pool_(settings_.kv_blocks, engine.info().block_tokens) {}
+
+uint32_t decode_core::reserved_tokens(const sequence& s) const {
+  // The last generated token is never fed back, so prompt + max_new - 1 positions hold KV.
+  const uint64_t want = uint64_t{s.prompt_len} + std::max<uint32_t>(s.sampling.max_new_tokens, 1) - 1;
+  return static_cast<uint32_t>(std::min<uint64_t>(want, engine_.info().max_context));
+}
+
+void decode_core::on_adopt(const msg::envelope& env, const msg::kv_adopt& m, int64_t now_ms) {
+  if (seqs_.contains(m.seq_id)) {
+    ++counters_["duplicate_adopts"];
+    return;
+  }
+  sequence s;
+  s.seq_id = m.seq_id;
+  s.handle_id = m.handle_id;
+  s.layout_hash = m.layout_hash;
+  s.client = m.client;
+  s.request_id = m.request_id;
+  s.sampling = m.sampling;
+  s.tokens = m.prompt;
+  s.prompt_len = static_cast<uint32_t>(m.prompt.size());
+  s.tokens.push_back(m.first_token);
+  s.generated = 1;
+  s.deadline_ms = env.deadline_ms;
+  s.wait_until_ms = now_ms + settings_.transfer_timeout_ms;
+  s.next_renew_ms = now_ms + settings_.renew_every_ms;
+  if (m.layout_hash != engine_.info().layout_hash) {
+    ++counters_["incompatible_adopts"];
+    out_.send(settings_.broker, msg::kv_nack{m.handle_id, "KV layout differs from this decode worker's"});
+    seqs_.emplace(m.seq_id, std::move(s));
+    end(seqs_.at(m.seq_id), msg::finish_reason::error, msg::error_code::incompatible,
+        "prefill and decode workers disagree on the KV layout");
+    return;
+  }
+  if (pool_.blocks_for(reserved_tokens(s)) > pool_.total_blocks()) {
+    out_.send(settings_.broker, msg::kv_nack{m.handle_id, "sequence larger than the decode pool"});
+    seqs_.emplace(m.seq_id, std::move(s));
+    end(seqs_.at(m.seq_id), msg::finish_reason::error, msg::error_code::prompt_too_long,
+        "prompt plus max_tokens needs more KV blocks than a decode worker has");
+    return;
+  }
+  seqs_.emplace(m.seq_id, std::move(s));
+  waiting_.push_back(m.seq_id);
+  ++counters_["adopted"];
+  try_admit_waiting(now_ms);
+}
+
+void decode_core::try_admit_waiting(int64_t now_ms) {
+  while (!waiting_.empty()) {
+    sequence& s = seqs_.at(waiting_.front());
+    const uint32_t need = pool_.blocks_for(reserved_tokens(s));
+    if (!pool_.can_allocate(need)) return;
+    s.blocks = pool_.allocate(need);
+    s.state = decode_state::pulling;
+    s.wait_until_ms = now_ms + settings_.transfer_timeout_ms;
+    waiting_.pop_front();
+    msg::kv_pull pull;
+    pull.handle_id = s.handle_id;
+    pull.layout_hash = s.layout_hash;
+    pull.block_ids = s.blocks;
+    out_.send(settings_.broker, pull, s.deadline_ms);
+  }
+}
+
+void decode_core::on_moved(const msg::kv_moved& m, int64_t now_ms) {
+  auto it = std::find_if(seqs_.begin(), seqs_.end(),
+                         [&](const auto& kv) { return kv.second.handle_id == m.handle_id; });
+  if (it == seqs_.end() || it->second.state != decode_state::pulling) {
+    ++counters_["stale_moves"];
+    return;
+  }
+  sequence& s = it->second;
+  if (m.code != msg::error_code::none) {
+    ++counters_["transfer_failures"];
+    end(s, msg::finish_reason::error, m.code, "KV transfer failed: " + m.message);
+    return;
+  }
+  out_.send(settings_.broker, msg::kv_confirm{m.handle_id});
+  counters_[std::string("path_") + std::string(msg::to_string(m.path))]++;
+  if (s.cancelled) {
+    end(s, s.cancel_reason, msg::error_code::none, "cancelled");
+    return;
+  }
+  s.state = decode_state::running;
+  running_.push_back(s.seq_id);
+}
+
+void decode_core::on_cancel(const msg::cancel_seq& m) {
+  auto it = seqs_.find(m.seq_id);
+  if (it == seqs_.end()) return;
+  sequence& s = it->second;
+  s.cancelled = true;
+  s.cancel_reason = m.reason;
+  const bool computing = std::find(in_flight_.begin(), in_flight_.end(), m.seq_id) != in_flight_.end();
+  if (s.state == decode_state::waiting_memory) {
+    out_.send(settings_.broker, msg::kv_nack{s.handle_id, "cancelled"});
+    end(s, m.reason, msg::error_code::none, "cancelled");
+  } else if (s.state == decode_state::running && !computing) {
+    end(s, m.reason, msg::error_code::none, "cancelled");
+  }
+  // pulling: ended when kv_moved arrives (confirm first, so the source frees its blocks);
+  // computing: ended in finish_step.
+}
+
+std::optional<std::chrono::nanoseconds> decode_core::begin_step(int64_t now_ms) {
+  if (!in_flight_.empty() || running_.empty()) return std::nullopt;
+  std::vector<decode_slot> slots;
+  for (uint64_t id : running_) {
+    if (slots.size() >= settings_.max_batch) break;
+    sequence& s = seqs_.at(id);
+    slots.push_back({id, s.tokens, s.blocks, &s.sampling});
+    in_flight_.push_back(id);
+  }
+  in_flight_output_ = engine_.decode(slots);
+  ++counters_["steps"];
+  counters_["batched_sequences"] += slots.size();
+  return in_flight_output_.modeled;
+}
+
+void decode_core::finish_step(int64_t now_ms) {
+  std::map<std::string, msg::token_batch> batches;  // one message per destination
+  std::vector<uint64_t> ended;
+  const auto& eos = engine_.info().eos_ids;
+  for (std::size_t i = 0; i < in_flight_.size(); ++i) {
+    auto it = seqs_.find(in_flight_[i]);
+    if (it == seqs_.end()) continue;
+    sequence& s = it->second;
+    const int32_t token = in_flight_output_.tokens.at(i);
+    s.tokens.push_back(token);
+    ++s.generated;
+    auto& batch = batches[s.client];
+    batch.request_ids.push_back(s.request_id);
+    batch.tokens.push_back(token);
+    batch.positions.push_back(s.generated - 1);
+    const bool stop_token = !s.sampling.ignore_eos &&
+                            (std::find(eos.begin(), eos.end(), token) != eos.end() ||
+                             std::find(s.sampling.stop_token_ids.begin(), s.sampling.stop_token_ids.end(), token) !=
+                                 s.sampling.stop_token_ids.end());
+    if (s.cancelled) ended.push_back(s.seq_id);
+    else if (stop_token || s.generated >= s.sampling.max_new_tokens ||
+             s.tokens.size() >= engine_.info().max_context || (s.deadline_ms > 0 && now_ms >= s.deadline_ms)) {
+      ended.push_back(s.seq_id);
+    }
+  }
+  counters_["tokens"] += in_flight_.size();
+  for (auto& [client, batch] : batches) out_.send(client, batch);
+  in_flight_.clear();
+  in_flight_output_ = {};
+  for (uint64_t id : ended) {
+    sequence& s = seqs_.at(id);
+    if (s.cancelled) {
+      end(s, s.cancel_reason, msg::error_code::none, "cancelled");
+      continue;
+    }
+    const int32_t last = s.tokens.back();
+    const bool stopped = !s.sampling.ignore_eos &&
+                         (std::find(eos.begin(), eos.end(), last) != eos.end() ||
+                          std::find(s.sampling.stop_token_ids.begin(), s.sampling.stop_token_ids.end(), last) !=
+                              s.sampling.stop_token_ids.end());
+    if (stopped) end(s, msg::finish_reason::stop, msg::error_code::none, {});
+    else if (s.generated >= s.sampling.max_new_tokens || s.tokens.size() >= engine_.info().max_context)
+      end(s, msg::finish_reason::length, msg::error_code::none, {});
+    else end(s, msg::finish_reason::timeout, msg::error_code::timeout, "deadline passed during decode");
+  }
+  try_admit_waiting(now_ms);
+}
+
+void decode_core::tick(int64_t now_ms) {
+  std::vector<uint64_t> expired;
+  for (auto& [id, s] : seqs_) {
+    if (s.state == decode_state::waiting_memory && now_ms >= s.next_renew_ms) {
+      out_.send(settings_.broker, msg::kv_renew{s.handle_id});
+      s.next_renew_ms = now_ms + settings_.renew_every_ms;
+    }
+    const bool computing = std::find(in_flight_.begin(), in_flight_.end(), id) != in_flight_.end();
+    if (computing) continue;
+    const bool deadline = s.deadline_ms > 0 && now_ms >= s.deadline_ms;
+    const bool waited_too_long = s.state != decode_state::running && now_ms >= s.wait_until_ms;
+    if (deadline || waited_too_long) expired.push_back(id);
+  }
+  for (uint64_t id : expired) {
+    sequence& s = seqs_.at(id);
+    if (s.state == decode_state::waiting_memory) {
+      out_.send(settings_.broker, msg::kv_nack{s.handle_id, "no KV memory free in time"});
+      ++counters_["memory_timeouts"];
+      end(s, msg::finish_reason::error, msg::error_code::overloaded, "decode workers had no KV memory free in time");
+    } else if (s.state == decode_state::pulling) {
+      out_.send(settings_.broker, msg::kv_nack{s.handle_id, "KV did not arrive in time"});
+      ++counters_["transfer_timeouts"];
+      end(s, msg::finish_reason::timeout, msg::error_code::timeout, "KV transfer did not finish in time");
+    } else {
+      ++counters_["deadline_expired"];
+      end(s, msg::finish_reason::timeout, msg::error_code::timeout, "deadline passed during decode");
+    }
+  }
+}
+
+void decode_core::end(sequence& s, msg::finish_reason reason, msg::error_code code, const std::string& message) {
+  const uint64_t id = s.seq_id;
+  msg::finish f;
+  f.request_id = s.request_id;
+  f.reason = reason;
+  f.code = code;
+  f.message = message;
+  f.prompt_tokens = s.prompt_len;
+  f.completion_tokens = s.generated;
+  out_.send(s.client, f);
+  out_.send(settings_.router, msg::request_done{id, reason, s.generated});
+  pool_.free(s.blocks);
+  engine_.release(id);
+  std::erase(waiting_, id);
+  std::erase(running_, id);
+  seqs_.erase(id);
+  ++counters_[std::string("finished_") + std::string(msg::to_string(reason))];
+}
+
+msg::load_report decode_core::load() const {
+  msg::load_report r;
+  r.actor = out_.self();
+  r.queued = static_cast<uint32_t>(waiting_.size());
+  r.running = static_cast<uint32_t>(seqs_.size() - waiting_.size());
+  r.free_blocks = pool_.free_blocks();
+  r.total_blocks = pool_.total_blocks();
+  return r;
+}
+
+}  // namespace duet

@@ -1,0 +1,70 @@
+#pragma once
+// The engine interface: what prefill and decode actors call, whatever runs the math
+// (sim: a cost model; cpu: the fp32 reference; cuda: the GPU engine).
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "messages/catalogue.hpp"
+#include "runtime/config.hpp"
+
+namespace duet {
+
+/// What the rest of the system needs to know about a loaded model and its KV layout.
+struct engine_info {
+  std::string engine;          // "sim" | "cpu" | "cuda"
+  std::string model;           // served model name
+  uint32_t vocab_size = 0;
+  uint32_t max_context = 0;
+  uint32_t block_tokens = 16;
+  uint64_t block_bytes = 0;    // one block: every layer's K and V for block_tokens tokens
+  uint64_t layout_hash = 0;    // model, dtype, KV layout and block size; peers must agree
+  std::vector<int32_t> eos_ids;
+};
+
+/// One chunk of one prompt in a prefill step.
+struct prefill_chunk {
+  uint64_t seq_id = 0;
+  std::span<const int32_t> tokens;   // this chunk's tokens
+  uint32_t start = 0;                // position of tokens[0] in the sequence
+  std::span<const uint32_t> blocks;  // block table of the whole sequence
+  bool last = false;                 // the prompt ends with this chunk: sample a token
+  const msg::sampling_params* sampling = nullptr;
+};
+
+/// One sequence in a decode step.
+struct decode_slot {
+  uint64_t seq_id = 0;
+  std::span<const int32_t> history;  // prompt + generated so far; back() is the input token
+  std::span<const uint32_t> blocks;
+  const msg::sampling_params* sampling = nullptr;
+};
+
+struct step_output {
+  std::vector<int32_t> tokens;  // one per `last` chunk (in order) or per decode slot
+  std::chrono::nanoseconds modeled{0};  // time the actor must still wait (sim engine only)
+};
+
+class engine {
+ public:
+  virtual ~engine() = default;
+  [[nodiscard]] virtual const engine_info& info() const = 0;
+  [[nodiscard]] virtual step_output prefill(std::span<const prefill_chunk> chunks) = 0;
+  [[nodiscard]] virtual step_output decode(std::span<const decode_slot> slots) = 0;
+  /// The sequence is gone; drop per-sequence state (RNG, caches).
+  virtual void release(uint64_t seq_id) {}
+};
+
+/// Builds the engine the config asks for. Throws std::runtime_error with a reason.
+[[nodiscard]] std::unique_ptr<engine> make_engine(const deployment_config& config,
+                                                  const actor_config& actor);
+
+/// FNV-1a over the fields peers must agree on.
+[[nodiscard]] uint64_t layout_hash(std::string_view model, std::string_view dtype,
+                                   uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
+                                   uint32_t block_tokens);
+
+}  // namespace duet

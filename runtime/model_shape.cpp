@@ -1,0 +1,79 @@
+#include "runtime/model_shape.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+namespace duet {
+
+uint64_t model_shape::linear_params() const {
+  const uint64_t h = hidden, kv = uint64_t{kv_heads} * head_dim, q = uint64_t{heads} * head_dim;
+  const uint64_t per_layer = h * q + 2 * h * kv + q * h + 3 * h * ffn;
+  return per_layer * layers + uint64_t{vocab} * h;  // + LM head
+}
+
+uint64_t model_shape::weight_bytes() const {
+  const uint64_t embedding = tied_embeddings ? 0 : uint64_t{vocab} * hidden;
+  return (linear_params() + embedding) * dtype_bytes;
+}
+
+std::optional<model_shape> find_model_shape(std::string_view preset) {
+  // Shapes from each model's published config.json.
+  static const std::array shapes = {
+      model_shape{"r1-distill-llama-8b", "llama", 32, 4096, 32, 8, 128, 14336, 128256, false, 2},
+      model_shape{"r1-distill-qwen-1.5b", "qwen2", 28, 1536, 12, 2, 128, 8960, 151936, false, 2},
+      model_shape{"r1-distill-qwen-7b", "qwen2", 28, 3584, 28, 4, 128, 18944, 152064, false, 2},
+      model_shape{"smollm2-135m", "llama", 30, 576, 9, 3, 64, 1536, 49152, true, 2},
+      model_shape{"tiny", "llama", 2, 64, 4, 2, 16, 128, 512, false, 2},
+  };
+  for (const auto& s : shapes) {
+    if (s.name == preset) return s;
+  }
+  return std::nullopt;
+}
+
+std::optional<gpu_spec> find_gpu_spec(std::string_view name) {
+  // Dense bf16 peaks and HBM bandwidth from NVIDIA's data sheets; efficiencies for Hopper
+  // from the H200 measurements in BASELINES.md (GEMM ~700 of 989 TFLOP/s, copy 4.28 of 4.8 TB/s).
+  static const std::array specs = {
+      gpu_spec{"h20", 148e12, 4.0e12, 96e9, 78, 0.85, 0.88, 30e-6},
+      gpu_spec{"h100", 989e12, 3.35e12, 80e9, 132, 0.70, 0.88, 30e-6},
+      gpu_spec{"h200", 989e12, 4.8e12, 141e9, 132, 0.70, 0.89, 30e-6},
+      gpu_spec{"a100", 312e12, 2.039e12, 80e9, 108, 0.75, 0.85, 30e-6},
+      gpu_spec{"l40s", 362e12, 0.864e12, 48e9, 142, 0.70, 0.85, 30e-6},
+  };
+  for (const auto& s : specs) {
+    if (s.name == name) return s;
+  }
+  return std::nullopt;
+}
+
+cost_model::cost_model(model_shape shape, gpu_spec gpu, double sm_share)
+    : shape_(std::move(shape)), gpu_(std::move(gpu)), sm_share_(std::clamp(sm_share, 0.01, 1.0)) {}
+
+double cost_model::chunk_attention_flops(uint32_t tokens, uint32_t prior) const {
+  // QK^T and PV: 4 * head_dim FLOPs per (query, key) pair per head; causal half inside the chunk.
+  const double pairs = double(tokens) * prior + double(tokens) * (tokens + 1) / 2.0;
+  return 4.0 * shape_.layers * shape_.heads * shape_.head_dim * pairs;
+}
+
+double cost_model::prefill_seconds(uint64_t chunk_tokens_total, double attention_flops) const {
+  const double flops = 2.0 * double(shape_.linear_params()) * double(chunk_tokens_total) + attention_flops;
+  const double compute = flops / (gpu_.bf16_flops * gpu_.gemm_efficiency * sm_share_);
+  const double memory = double(shape_.weight_bytes()) / (gpu_.memory_bandwidth * gpu_.bandwidth_efficiency);
+  return std::max(compute, memory) + gpu_.step_overhead_s;
+}
+
+double cost_model::decode_seconds(uint32_t batch, uint64_t context_tokens_total) const {
+  if (batch == 0) return 0.0;
+  const double flops = 2.0 * double(shape_.linear_params()) * batch +
+                       4.0 * shape_.layers * shape_.heads * shape_.head_dim * double(context_tokens_total);
+  // A share of the SMs still reaches most of the bandwidth; model it as sqrt(share).
+  const double bw_share = std::min(1.0, std::sqrt(sm_share_) * 1.1);
+  const double bytes = double(shape_.weight_bytes()) + double(shape_.kv_bytes_per_token()) * context_tokens_total;
+  const double compute = flops / (gpu_.bf16_flops * gpu_.gemm_efficiency * sm_share_);
+  const double memory = bytes / (gpu_.memory_bandwidth * gpu_.bandwidth_efficiency * bw_share);
+  return std::max(compute, memory) + gpu_.step_overhead_s;
+}
+
+}  // namespace duet

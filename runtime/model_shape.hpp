@@ -1,0 +1,72 @@
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace duet {
+
+/// The dimensions of a decoder-only transformer that cost and memory depend on.
+struct model_shape {
+  std::string name;
+  std::string arch;  // "llama" | "qwen2"
+  uint32_t layers = 0;
+  uint32_t hidden = 0;
+  uint32_t heads = 0;
+  uint32_t kv_heads = 0;
+  uint32_t head_dim = 0;
+  uint32_t ffn = 0;
+  uint32_t vocab = 0;
+  bool tied_embeddings = false;
+  uint32_t dtype_bytes = 2;  // bf16
+
+  /// Parameters of every matrix a forward pass multiplies by (LM head included).
+  [[nodiscard]] uint64_t linear_params() const;
+  [[nodiscard]] uint64_t weight_bytes() const;
+  /// K and V of every layer for one token.
+  [[nodiscard]] uint64_t kv_bytes_per_token() const {
+    return 2ull * layers * kv_heads * head_dim * dtype_bytes;
+  }
+};
+
+/// Real published shapes: r1-distill-llama-8b, r1-distill-qwen-1.5b, r1-distill-qwen-7b,
+/// smollm2-135m, and "tiny" (a few layers, for tests). Empty when unknown.
+[[nodiscard]] std::optional<model_shape> find_model_shape(std::string_view preset);
+
+/// A GPU's spec-sheet peaks and the fractions of them reached in practice.
+struct gpu_spec {
+  std::string name;
+  double bf16_flops = 0;        // dense, FLOP/s
+  double memory_bandwidth = 0;  // bytes/s
+  double memory_bytes = 0;
+  uint32_t sms = 0;
+  double gemm_efficiency = 0.7;       // achieved / peak for large GEMMs
+  double bandwidth_efficiency = 0.88; // achieved / peak for streaming reads
+  double step_overhead_s = 30e-6;     // launch and host work per engine step
+};
+
+/// H20, H100, H200, A100, L40S (docs/sim.md cites the spec sheets). Empty when unknown.
+[[nodiscard]] std::optional<gpu_spec> find_gpu_spec(std::string_view name);
+
+/// Roofline cost of engine steps: the larger of compute time and memory time, plus overhead.
+class cost_model {
+ public:
+  cost_model(model_shape shape, gpu_spec gpu, double sm_share = 1.0);
+
+  /// One prefill step over chunks; each chunk is (tokens in chunk, tokens before it).
+  [[nodiscard]] double prefill_seconds(uint64_t chunk_tokens_total, double attention_flops) const;
+  /// Attention FLOPs of a chunk of `tokens` after `prior` cached tokens (causal).
+  [[nodiscard]] double chunk_attention_flops(uint32_t tokens, uint32_t prior) const;
+  /// One decode step for `batch` sequences holding `context_tokens_total` tokens in all.
+  [[nodiscard]] double decode_seconds(uint32_t batch, uint64_t context_tokens_total) const;
+
+  [[nodiscard]] const model_shape& shape() const { return shape_; }
+  [[nodiscard]] const gpu_spec& gpu() const { return gpu_; }
+
+ private:
+  model_shape shape_;
+  gpu_spec gpu_;
+  double sm_share_;
+};
+
+}  // namespace duet

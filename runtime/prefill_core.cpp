@@ -1,0 +1,197 @@
+#include "runtime/prefill_core.hpp"
+
+#include <algorithm>
+
+namespace duet {
+
+prefill_core::prefill_core(std::string self, prefill_settings settings, engine& engine)
+    : settings_(std::move(settings)),
+      engine_(engine),
+      out_(std::move(self)),
+      pool_(settings_.kv_blocks, engine.info().block_tokens) {}
+
+void prefill_core::on_request(const msg::envelope& env, const msg::prefill_request& m, int64_t now_ms) {
+  msg::stage_failed refusal{m.seq_id, msg::finish_reason::error, msg::error_code::bad_request, {}};
+  if (jobs_.contains(m.seq_id)) {
+    ++counters_["duplicate_requests"];
+    return;
+  }
+  if (m.tokens.empty()) {
+    refusal.message = "empty prompt";
+  } else if (m.tokens.size() >= engine_.info().max_context) {
+    refusal.code = msg::error_code::prompt_too_long;
+    refusal.message = "prompt of " + std::to_string(m.tokens.size()) + " tokens does not fit the context of " +
+                      std::to_string(engine_.info().max_context);
+  } else if (pool_.blocks_for(static_cast<uint32_t>(m.tokens.size())) > pool_.total_blocks()) {
+    refusal.code = msg::error_code::prompt_too_long;
+    refusal.message = "prompt needs more KV blocks than this prefill worker has";
+  }
+  if (!refusal.message.empty()) {
+    ++counters_["refused"];
+    out_.send(settings_.router, refusal);
+    return;
+  }
+  job j;
+  j.seq_id = m.seq_id;
+  j.tokens = m.tokens;
+  j.sampling = m.sampling;
+  j.deadline_ms = env.deadline_ms;
+  jobs_.emplace(m.seq_id, std::move(j));
+  queue_.push_back(m.seq_id);
+  ++counters_["accepted"];
+}
+
+std::optional<std::chrono::nanoseconds> prefill_core::begin_step(int64_t now_ms) {
+  if (!in_flight_.empty()) return std::nullopt;
+  std::vector<prefill_chunk> chunks;
+  uint32_t budget = settings_.chunk_tokens;
+  for (uint64_t seq_id : queue_) {
+    if (budget == 0 || chunks.size() >= settings_.max_batch) break;
+    job& j = jobs_.at(seq_id);
+    if (j.blocks.empty()) {
+      const uint32_t need = pool_.blocks_for(static_cast<uint32_t>(j.tokens.size()));
+      if (!pool_.can_allocate(need)) break;  // FCFS: later prompts wait behind this one
+      j.blocks = pool_.allocate(need);
+      j.state = prefill_state::running;
+    }
+    const uint32_t remaining = static_cast<uint32_t>(j.tokens.size()) - j.done;
+    const uint32_t take = std::min(remaining, budget);
+    budget -= take;
+    const bool last = take == remaining;
+    chunks.push_back({j.seq_id, std::span<const int32_t>(j.tokens).subspan(j.done, take), j.done,
+                      j.blocks, last, &j.sampling});
+    in_flight_.push_back({j.seq_id, take, last});
+  }
+  if (chunks.empty()) return std::nullopt;
+  in_flight_output_ = engine_.prefill(chunks);
+  counters_["steps"]++;
+  return in_flight_output_.modeled;
+}
+
+void prefill_core::finish_step(int64_t now_ms) {
+  std::size_t sampled = 0;
+  for (const auto& p : in_flight_) {
+    const int32_t token = p.last ? in_flight_output_.tokens.at(sampled++) : 0;
+    auto it = jobs_.find(p.seq_id);
+    if (it == jobs_.end()) continue;
+    job& j = it->second;
+    j.done += p.tokens;
+    counters_["tokens"] += p.tokens;
+    if (j.cancelled) {
+      fail(j, j.cancel_reason, msg::error_code::none, "cancelled during prefill");
+      continue;
+    }
+    if (!p.last) continue;
+    std::erase(queue_, j.seq_id);
+    j.first_token = token;
+    j.state = prefill_state::registering;
+    j.wait_until_ms = now_ms + settings_.register_timeout_ms;
+    msg::kv_register reg;
+    reg.handle = {j.seq_id, out_.self(), 0, static_cast<uint32_t>(j.tokens.size()),
+                  engine_.info().layout_hash, j.blocks.size() * engine_.info().block_bytes};
+    reg.block_ids = j.blocks;
+    out_.send(settings_.broker, reg, j.deadline_ms);
+  }
+  in_flight_.clear();
+  in_flight_output_ = {};
+}
+
+void prefill_core::on_registered(const msg::kv_registered& m) {
+  auto it = jobs_.find(m.handle_id);
+  if (it == jobs_.end() || it->second.state != prefill_state::registering) {
+    ++counters_["stale_acks"];
+    return;
+  }
+  job& j = it->second;
+  j.state = prefill_state::handed_over;
+  j.wait_until_ms = m.lease_expiry_ms + settings_.lease_grace_ms;
+  if (j.cancelled) {
+    out_.send(settings_.broker, msg::kv_drop{j.seq_id, "cancelled during registration"});
+    out_.send(settings_.router, msg::stage_failed{j.seq_id, j.cancel_reason, msg::error_code::none, "cancelled"});
+    return;
+  }
+  out_.send(settings_.router, msg::prefill_done{j.seq_id, j.seq_id, j.first_token,
+                                                static_cast<uint32_t>(j.tokens.size()), engine_.info().layout_hash});
+}
+
+void prefill_core::on_release(const msg::kv_release& m) {
+  auto it = jobs_.find(m.handle_id);
+  if (it == jobs_.end() || it->second.state != prefill_state::handed_over) {
+    ++counters_["stale_releases"];
+    return;
+  }
+  ++counters_["released"];
+  free_job(m.handle_id);
+}
+
+void prefill_core::on_cancel(const msg::cancel_seq& m) {
+  auto it = jobs_.find(m.seq_id);
+  if (it == jobs_.end()) return;
+  job& j = it->second;
+  j.cancelled = true;
+  j.cancel_reason = m.reason;
+  const bool computing = std::any_of(in_flight_.begin(), in_flight_.end(),
+                                     [&](const planned& p) { return p.seq_id == m.seq_id; });
+  if (j.state <= prefill_state::running && !computing) {
+    fail(j, m.reason, msg::error_code::none, "cancelled before prefill finished");
+  } else if (j.state == prefill_state::handed_over) {
+    // Registered already: the router drops the handle; our blocks return on kv_release.
+  }
+}
+
+void prefill_core::tick(int64_t now_ms) {
+  std::vector<uint64_t> expired;
+  for (auto& [id, j] : jobs_) {
+    const bool computing = std::any_of(in_flight_.begin(), in_flight_.end(),
+                                       [&](const planned& p) { return p.seq_id == id; });
+    if (computing) continue;
+    if (j.state <= prefill_state::running && j.deadline_ms > 0 && now_ms >= j.deadline_ms) {
+      expired.push_back(id);
+    } else if (j.state >= prefill_state::registering && now_ms >= j.wait_until_ms) {
+      expired.push_back(id);
+    }
+  }
+  for (uint64_t id : expired) {
+    job& j = jobs_.at(id);
+    if (j.state == prefill_state::registering) {
+      ++counters_["register_timeouts"];
+      fail(j, msg::finish_reason::error, msg::error_code::unavailable, "KV broker did not acknowledge the handle");
+    } else if (j.state == prefill_state::handed_over) {
+      ++counters_["owner_reclaims"];  // the broker's lease is over and no release came
+      free_job(id);
+    } else {
+      ++counters_["deadline_expired"];
+      fail(j, msg::finish_reason::timeout, msg::error_code::timeout, "deadline passed before prefill finished");
+    }
+  }
+}
+
+void prefill_core::fail(job& j, msg::finish_reason reason, msg::error_code code, const std::string& message) {
+  out_.send(settings_.router, msg::stage_failed{j.seq_id, reason, code, message});
+  if (j.state == prefill_state::registering) {
+    // The broker may still register it later; make sure the handle dies there too.
+    out_.send(settings_.broker, msg::kv_drop{j.seq_id, message});
+  }
+  std::erase(queue_, j.seq_id);
+  free_job(j.seq_id);
+}
+
+void prefill_core::free_job(uint64_t seq_id) {
+  auto it = jobs_.find(seq_id);
+  if (it == jobs_.end()) return;
+  pool_.free(it->second.blocks);
+  engine_.release(seq_id);
+  jobs_.erase(it);
+}
+
+msg::load_report prefill_core::load() const {
+  msg::load_report r;
+  r.actor = out_.self();
+  r.queued = static_cast<uint32_t>(queue_.size());
+  r.running = static_cast<uint32_t>(jobs_.size() - queue_.size());
+  r.free_blocks = pool_.free_blocks();
+  r.total_blocks = pool_.total_blocks();
+  return r;
+}
+
+}  // namespace duet
