@@ -1,0 +1,240 @@
+#include "runtime/transport.hpp"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <future>
+#include <stdexcept>
+
+#include <zmq_addon.hpp>
+
+namespace duet {
+
+zmq::context_t& zmq_context() {
+  static zmq::context_t context(1);
+  return context;
+}
+
+transport::transport(transport_settings settings, deliver_fn deliver)
+    : settings_(std::move(settings)), deliver_(std::move(deliver)) {
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) throw std::runtime_error("transport: eventfd failed");
+}
+
+transport::~transport() {
+  stop();
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+void transport::start() {
+  if (running_.exchange(true)) return;
+  std::promise<std::string> bound;
+  auto result = bound.get_future();
+  bind_result_ = &bound;
+  thread_ = std::thread([this] { run(); });
+  const std::string error = result.get();
+  if (!error.empty()) {
+    thread_.join();
+    running_ = false;
+    throw std::runtime_error("node '" + settings_.node + "' cannot bind " + settings_.endpoint + ": " + error);
+  }
+}
+
+void transport::stop() {
+  if (!running_.exchange(false)) return;
+  const uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof one);
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string transport::bound_endpoint() const {
+  std::lock_guard lock(mutex_);
+  return bound_;
+}
+
+bool transport::send(outgoing message) {
+  const auto slash = message.dst.find('/');
+  if (slash == std::string::npos) {
+    ++counters_.unroutable;
+    return false;
+  }
+  if (std::string_view(message.dst).substr(0, slash) == settings_.node) {
+    deliver_local(std::move(message.frames));
+    return true;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    if (queue_.size() >= settings_.queue_limit) {
+      ++counters_.dropped_queue_full;
+      return false;
+    }
+    queue_.push_back(std::move(message));
+  }
+  const uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof one);
+  return true;
+}
+
+void transport::deliver_local(msg::frames&& frames) {
+  auto env = msg::decode_envelope(frames);
+  if (!env) {
+    ++counters_.malformed;
+    return;
+  }
+  ++counters_.delivered_locally;
+  deliver_(std::move(*env), std::move(frames));
+}
+
+void transport::run() {
+  zmq::socket_t router(zmq_context(), zmq::socket_type::router);
+  try {
+    router.set(zmq::sockopt::router_mandatory, 1);
+    router.set(zmq::sockopt::router_handover, 1);
+    router.set(zmq::sockopt::linger, 0);
+    router.set(zmq::sockopt::sndhwm, settings_.send_hwm);
+    router.set(zmq::sockopt::rcvhwm, settings_.send_hwm);
+    router.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(settings_.max_frame_bytes));
+    router.bind(settings_.endpoint);
+    {
+      std::lock_guard lock(mutex_);
+      bound_ = router.get(zmq::sockopt::last_endpoint);
+    }
+    bind_result_->set_value({});
+  } catch (const zmq::error_t& e) {
+    bind_result_->set_value(e.what());
+    return;
+  }
+  while (running_) {
+    zmq::pollitem_t items[] = {{router.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
+    try {
+      zmq::poll(items, 2, std::chrono::milliseconds(100));
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) continue;
+      throw;
+    }
+    if (items[1].revents & ZMQ_POLLIN) {
+      uint64_t value;
+      [[maybe_unused]] auto n = ::read(wake_fd_, &value, sizeof value);
+    }
+    if (items[0].revents & ZMQ_POLLIN) receive(router);
+    drain_outbound(router);
+  }
+  peer_sockets_.clear();
+}
+
+void transport::receive(zmq::socket_t& router) {
+  // Bounded batch so a flood on the socket cannot starve outbound traffic.
+  for (int i = 0; i < 256; ++i) {
+    std::vector<zmq::message_t> parts;
+    auto got = zmq::recv_multipart(router, std::back_inserter(parts), zmq::recv_flags::dontwait);
+    if (!got) return;
+    ++counters_.received;
+    if (parts.size() < 3 || parts.size() > 9) {
+      ++counters_.malformed;
+      continue;
+    }
+    const std::string identity = parts[0].to_string();
+    msg::frames frames;
+    frames.reserve(parts.size() - 1);
+    for (std::size_t p = 1; p < parts.size(); ++p) frames.push_back(parts[p].to_string());
+    msg::codec_limits limits;
+    limits.max_frame_bytes = settings_.max_frame_bytes;
+    auto env = msg::decode_envelope(frames, limits);
+    if (!env) {
+      ++counters_.malformed;
+      continue;
+    }
+    const auto src = msg::parse_address(env->src);
+    const auto dst = msg::parse_address(env->dst);
+    if (src.empty() || dst.empty()) {
+      ++counters_.malformed;
+      continue;
+    }
+    if (env->type == static_cast<uint16_t>(msg::type_id::hello)) {
+      auto hello = msg::decode_body<msg::hello>(frames, limits);
+      if (!hello) {
+        ++counters_.malformed;
+        continue;
+      }
+      peer_compatible_[src.node] = hello->protocol == msg::protocol_version && hello->compat_hash == settings_.compat_hash;
+      if (!peer_compatible_[src.node]) ++counters_.refused_incompatible;
+      continue;
+    }
+    if (auto it = peer_compatible_.find(src.node); it != peer_compatible_.end() && !it->second) {
+      ++counters_.refused_incompatible;
+      continue;
+    }
+    if (dst.node != settings_.node) {
+      ++counters_.unroutable;
+      continue;
+    }
+    if (!settings_.peers.contains(src.node)) client_identities_[src.node] = identity;
+    deliver_(std::move(*env), std::move(frames));
+  }
+}
+
+zmq::socket_t& transport::peer_socket(const std::string& node, const std::string& endpoint) {
+  auto it = peer_sockets_.find(node);
+  if (it != peer_sockets_.end()) return it->second;
+  zmq::socket_t socket(zmq_context(), zmq::socket_type::dealer);
+  socket.set(zmq::sockopt::routing_id, settings_.node);
+  socket.set(zmq::sockopt::linger, 0);
+  socket.set(zmq::sockopt::sndhwm, settings_.send_hwm);
+  socket.set(zmq::sockopt::reconnect_ivl, 100);
+  socket.set(zmq::sockopt::reconnect_ivl_max, 1000);
+  socket.connect(endpoint);
+  auto& placed = peer_sockets_.emplace(node, std::move(socket)).first->second;
+  // hello goes first on every new connection, so the peer can refuse a mismatch.
+  msg::envelope env;
+  env.src = settings_.node + "/transport";
+  env.dst = node + "/transport";
+  auto hello = msg::encode(env, msg::hello{settings_.node, msg::protocol_version, settings_.compat_hash,
+                                           static_cast<int64_t>(::getpid())});
+  std::vector<zmq::const_buffer> parts;
+  for (const auto& f : hello) parts.emplace_back(f.data(), f.size());
+  [[maybe_unused]] auto sent = zmq::send_multipart(placed, parts, zmq::send_flags::dontwait);
+  return placed;
+}
+
+void transport::drain_outbound(zmq::socket_t& router) {
+  std::deque<outgoing> batch;
+  {
+    std::lock_guard lock(mutex_);
+    batch.swap(queue_);
+  }
+  for (auto& message : batch) route(router, message);
+}
+
+void transport::route(zmq::socket_t& router, outgoing& message) {
+  const std::string node = message.dst.substr(0, message.dst.find('/'));
+  std::vector<zmq::const_buffer> parts;
+  try {
+    if (auto peer = settings_.peers.find(node); peer != settings_.peers.end()) {
+      for (const auto& f : message.frames) parts.emplace_back(f.data(), f.size());
+      if (zmq::send_multipart(peer_socket(node, peer->second), parts, zmq::send_flags::dontwait)) {
+        ++counters_.sent;
+      } else {
+        ++counters_.dropped_peer_busy;
+      }
+      return;
+    }
+    auto client = client_identities_.find(node);
+    if (client == client_identities_.end()) {
+      ++counters_.unroutable;
+      return;
+    }
+    parts.emplace_back(client->second.data(), client->second.size());
+    for (const auto& f : message.frames) parts.emplace_back(f.data(), f.size());
+    if (zmq::send_multipart(router, parts, zmq::send_flags::dontwait)) {
+      ++counters_.sent;
+    } else {
+      ++counters_.dropped_peer_busy;
+    }
+  } catch (const zmq::error_t&) {
+    // EHOSTUNREACH: the client disconnected. Its requests end by their deadlines.
+    ++counters_.unroutable;
+    client_identities_.erase(node);
+  }
+}
+
+}  // namespace duet

@@ -1,0 +1,96 @@
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <zmq.hpp>
+
+#include "messages/codec.hpp"
+#include "runtime/outbox.hpp"
+
+namespace duet {
+
+/// The process-wide ZeroMQ context: the only thing sockets share (inproc:// needs one).
+[[nodiscard]] zmq::context_t& zmq_context();
+
+struct transport_settings {
+  std::string node;                          // this node's name
+  std::string endpoint;                      // bound by this node
+  std::map<std::string, std::string> peers;  // other nodes of the deployment: name -> endpoint
+  uint32_t queue_limit = 65536;              // outbound messages waiting for the thread
+  uint32_t max_frame_bytes = 64u << 20;
+  uint64_t compat_hash = 0;                  // sent in hello; mismatching peers are refused
+  int send_hwm = 100000;
+};
+
+/// Counters a node exports; every malformed or undeliverable message lands in one.
+struct transport_counters {
+  std::atomic<uint64_t> received{0};
+  std::atomic<uint64_t> sent{0};
+  std::atomic<uint64_t> delivered_locally{0};
+  std::atomic<uint64_t> malformed{0};
+  std::atomic<uint64_t> unroutable{0};
+  std::atomic<uint64_t> refused_incompatible{0};
+  std::atomic<uint64_t> dropped_queue_full{0};
+  std::atomic<uint64_t> dropped_peer_busy{0};
+};
+
+/// One node's ZeroMQ endpoint. A ROUTER socket is bound at the node's endpoint; messages
+/// to another node go out through one DEALER per peer (routing id = this node's name);
+/// replies to clients that are not in the config go back through the ROUTER to the
+/// identity they connected with. All sockets live on one thread; other threads hand
+/// messages over through a bounded queue and an eventfd that wakes the thread.
+class transport {
+ public:
+  /// Called with every well-formed message addressed to this node (on the transport
+  /// thread for remote messages, on the sender's thread for local ones).
+  using deliver_fn = std::function<void(msg::envelope&&, msg::frames&&)>;
+
+  transport(transport_settings settings, deliver_fn deliver);
+  ~transport();
+  transport(const transport&) = delete;
+  transport& operator=(const transport&) = delete;
+
+  /// Binds and starts the thread. Throws std::runtime_error when the endpoint cannot be bound.
+  void start();
+  void stop();
+  /// Thread-safe. False when the outbound queue is full (backpressure) or the
+  /// destination is malformed; the message is then dropped and counted.
+  bool send(outgoing message);
+
+  [[nodiscard]] const transport_counters& counters() const { return counters_; }
+  [[nodiscard]] const std::string& node() const { return settings_.node; }
+  /// The endpoint actually bound (resolves tcp://host:0 to the chosen port).
+  [[nodiscard]] std::string bound_endpoint() const;
+
+ private:
+  void run();
+  void drain_outbound(zmq::socket_t& router);
+  void receive(zmq::socket_t& router);
+  void route(zmq::socket_t& router, outgoing& message);
+  zmq::socket_t& peer_socket(const std::string& node, const std::string& endpoint);
+  void deliver_local(msg::frames&& frames);
+
+  transport_settings settings_;
+  deliver_fn deliver_;
+  transport_counters counters_;
+  std::thread thread_;
+  std::atomic<bool> running_{false};
+  int wake_fd_ = -1;
+  mutable std::mutex mutex_;
+  std::deque<outgoing> queue_;
+  std::string bound_;
+  std::promise<std::string>* bind_result_ = nullptr;
+  // Owned by the transport thread:
+  std::map<std::string, zmq::socket_t> peer_sockets_;
+  std::map<std::string, std::string> client_identities_;  // node name -> ROUTER identity
+  std::map<std::string, bool> peer_compatible_;
+};
+
+}  // namespace duet
