@@ -35,11 +35,22 @@ result<envelope> decode_envelope(const frames& in, const codec_limits& limits) {
   auto handle = detail::unpack_frame(in[0], limits);
   if (!handle) return result<envelope>::failure("envelope: " + handle.error());
   envelope env;
+  const msgpack::object& object = handle->get();
+  if (object.type != msgpack::type::MAP) return result<envelope>::failure("envelope is not a map");
   try {
-    if (handle->get().type != msgpack::type::MAP) return result<envelope>::failure("envelope is not a map");
-    handle->get().convert(env);
-  } catch (const std::exception& e) {
-    return result<envelope>::failure(std::string("envelope: ") + e.what());
+    object.convert(env);
+  } catch (const std::exception&) {
+    return result<envelope>::failure("envelope: " + detail::failing_field<envelope>(object) +
+                                     " has the wrong type or is out of range");
+  }
+  // The defaults must not stand in for these two: a peer that sends no version is not ours.
+  for (const std::string_view key : {"version", "type"}) {
+    bool found = false;
+    for (uint32_t i = 0; i < object.via.map.size && !found; ++i) {
+      const msgpack::object& k = object.via.map.ptr[i].key;
+      found = std::string_view(k.via.str.ptr, k.via.str.size) == key;
+    }
+    if (!found) return result<envelope>::failure("envelope has no '" + std::string(key) + "' field");
   }
   if (env.version != protocol_version) {
     return result<envelope>::failure("protocol version " + std::to_string(env.version) +

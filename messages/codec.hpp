@@ -49,6 +49,27 @@ frame raw_frame(const std::vector<T>& values) {
   return out;
 }
 
+/// After a map failed to convert into T: names the first field whose value alone fails.
+/// Unknown keys never fail (they are skipped), so the name is always one of T's fields.
+template <class T>
+std::string failing_field(const msgpack::object& map) {
+  for (uint32_t i = 0; i < map.via.map.size; ++i) {
+    msgpack::object_kv& kv = map.via.map.ptr[i];
+    if (kv.key.type != msgpack::type::STR) return "a key that is not a string";
+    msgpack::object single;
+    single.type = msgpack::type::MAP;
+    single.via.map.size = 1;
+    single.via.map.ptr = &kv;
+    try {
+      T probe;
+      single.convert(probe);
+    } catch (const std::exception&) {
+      return "field '" + std::string(kv.key.via.str.ptr, kv.key.via.str.size) + "'";
+    }
+  }
+  return "a field";
+}
+
 template <class T>
 bool read_raw_frame(const frame& bytes, std::vector<T>& out) {
   if (bytes.size() % sizeof(T) != 0) return false;
@@ -95,8 +116,16 @@ template <class M>
       return result<M>::failure(std::string(to_string(M::id)) + " body is not a map");
     }
     handle->get().convert(message);
-  } catch (const std::exception& e) {
-    return result<M>::failure(std::string(to_string(M::id)) + " body: " + e.what());
+  } catch (const std::exception&) {
+    return result<M>::failure(std::string(to_string(M::id)) + " body: " +
+                              detail::failing_field<M>(handle->get()) +
+                              " has the wrong type or is out of range");
+  }
+  for (std::size_t i = 2; i < in.size(); ++i) {
+    if (in[i].size() > limits.max_frame_bytes) {
+      return result<M>::failure(std::string(to_string(M::id)) + ": raw frame of " +
+                                std::to_string(in[i].size()) + " bytes exceeds the limit");
+    }
   }
   std::size_t index = 2;
   bool raw_ok = true;
