@@ -52,7 +52,8 @@ std::string join_diagnostics(const std::vector<config_diagnostic>& list) {
 
 config_error::config_error(std::vector<config_diagnostic> diagnostics)
     : std::runtime_error(join_diagnostics(diagnostics)),
-      diagnostics_(std::make_shared<const std::vector<config_diagnostic>>(std::move(diagnostics))) {}
+      diagnostics_(std::make_shared<const std::vector<config_diagnostic>>(std::move(diagnostics))) {
+}
 
 const std::vector<config_diagnostic>& config_error::diagnostics() const noexcept {
   static const std::vector<config_diagnostic> none;
@@ -65,17 +66,21 @@ const std::vector<config_diagnostic>& config_error::diagnostics() const noexcept
 
 std::string_view to_string(actor_role role) {
   switch (role) {
-    case actor_role::router: return "router";
-    case actor_role::prefill: return "prefill";
-    case actor_role::decode: return "decode";
-    case actor_role::broker: return "broker";
+    case actor_role::router:
+      return "router";
+    case actor_role::prefill:
+      return "prefill";
+    case actor_role::decode:
+      return "decode";
+    case actor_role::broker:
+      return "broker";
   }
   return "unknown";
 }
 
 std::optional<actor_role> actor_role_from_string(std::string_view text) {
-  for (auto role : {actor_role::router, actor_role::prefill, actor_role::decode,
-                    actor_role::broker}) {
+  for (auto role :
+       {actor_role::router, actor_role::prefill, actor_role::decode, actor_role::broker}) {
     if (to_string(role) == text) return role;
   }
   return std::nullopt;
@@ -162,16 +167,26 @@ std::string format_number(double value) {
 
 std::string_view type_name(const toml::node& node) {
   switch (node.type()) {
-    case toml::node_type::string: return "a string";
-    case toml::node_type::integer: return "an integer";
-    case toml::node_type::floating_point: return "a float";
-    case toml::node_type::boolean: return "a boolean";
-    case toml::node_type::table: return "a table";
-    case toml::node_type::array: return "an array";
-    case toml::node_type::date: return "a date";
-    case toml::node_type::time: return "a time";
-    case toml::node_type::date_time: return "a date-time";
-    case toml::node_type::none: break;
+    case toml::node_type::string:
+      return "a string";
+    case toml::node_type::integer:
+      return "an integer";
+    case toml::node_type::floating_point:
+      return "a float";
+    case toml::node_type::boolean:
+      return "a boolean";
+    case toml::node_type::table:
+      return "a table";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::date:
+      return "a date";
+    case toml::node_type::time:
+      return "a time";
+    case toml::node_type::date_time:
+      return "a date-time";
+    case toml::node_type::none:
+      break;
   }
   return "nothing";
 }
@@ -243,19 +258,20 @@ struct field {
 
 const std::vector<field<model_config>>& model_fields() {
   static const std::vector<field<model_config>> fields{
-      {"name", &model_config::name},       {"preset", &model_config::preset},
-      {"path", &model_config::path},       {"dtype", &model_config::dtype},
+      {"name", &model_config::name},
+      {"preset", &model_config::preset},
+      {"path", &model_config::path},
+      {"dtype", &model_config::dtype},
       {"max_context", &model_config::max_context},
       {"block_tokens", &model_config::block_tokens}};
   return fields;
 }
 
 const std::vector<field<engine_config>>& engine_fields() {
-  static const std::vector<field<engine_config>> fields{
-      {"kind", &engine_config::kind},
-      {"gpu", &engine_config::gpu},
-      {"time_scale", &engine_config::time_scale},
-      {"threads", &engine_config::threads}};
+  static const std::vector<field<engine_config>> fields{{"kind", &engine_config::kind},
+                                                        {"gpu", &engine_config::gpu},
+                                                        {"time_scale", &engine_config::time_scale},
+                                                        {"threads", &engine_config::threads}};
   return fields;
 }
 
@@ -286,10 +302,9 @@ const std::vector<field<transport_config>>& transport_fields() {
 }
 
 const std::vector<field<node_config>>& node_fields() {
-  static const std::vector<field<node_config>> fields{
-      {"name", &node_config::name, true},
-      {"endpoint", &node_config::endpoint, true},
-      {"http", &node_config::http}};
+  static const std::vector<field<node_config>> fields{{"name", &node_config::name, true},
+                                                      {"endpoint", &node_config::endpoint, true},
+                                                      {"http", &node_config::http}};
   return fields;
 }
 
@@ -307,8 +322,8 @@ const std::vector<field<actor_config>>& actor_fields() {
 }
 
 constexpr std::string_view nested_actors_key = "actors";
-const std::vector<std::string_view> root_keys{"model", "engine", "router", "broker", "transport",
-                                              "nodes"};
+const std::vector<std::string_view> root_keys{"model",  "engine",    "router",
+                                              "broker", "transport", "nodes"};
 const std::vector<std::string_view> role_names{"router", "prefill", "decode", "broker"};
 const std::vector<std::string_view> engine_kinds{"sim", "cpu", "cuda"};
 const std::vector<std::string_view> router_policies{"least_loaded", "round_robin"};
@@ -330,14 +345,13 @@ struct table_keys {
 
 const std::vector<table_keys>& all_tables() {
   static const std::vector<table_keys> tables = [] {
-    std::vector<table_keys> t{
-        {"[model]", "model", keys_of(model_fields())},
-        {"[engine]", "engine", keys_of(engine_fields())},
-        {"[router]", "router", keys_of(router_fields())},
-        {"[broker]", "broker", keys_of(broker_fields())},
-        {"[transport]", "transport", keys_of(transport_fields())},
-        {"[[nodes]]", "nodes", keys_of(node_fields())},
-        {"[[nodes.actors]]", "nodes.actors", keys_of(actor_fields())}};
+    std::vector<table_keys> t{{"[model]", "model", keys_of(model_fields())},
+                              {"[engine]", "engine", keys_of(engine_fields())},
+                              {"[router]", "router", keys_of(router_fields())},
+                              {"[broker]", "broker", keys_of(broker_fields())},
+                              {"[transport]", "transport", keys_of(transport_fields())},
+                              {"[[nodes]]", "nodes", keys_of(node_fields())},
+                              {"[[nodes.actors]]", "nodes.actors", keys_of(actor_fields())}};
     t[5].keys.push_back(nested_actors_key);
     return t;
   }();
@@ -420,9 +434,9 @@ class reader {
     positions_.set(path, pos_of(node->source()));
     const toml::array* array = node->as_array();
     if (!array) {
-      sink_.add(pos_of(node->source()), path,
-                "expected an array of tables ([[nodes.actors]]), got " +
-                    std::string(type_name(*node)));
+      sink_.add(
+          pos_of(node->source()), path,
+          "expected an array of tables ([[nodes.actors]]), got " + std::string(type_name(*node)));
       return;
     }
     for (size_t i = 0; i < array->size(); ++i) {
@@ -445,14 +459,14 @@ class reader {
   /// `nested` names keys the caller reads itself.
   template <class S>
   void read_fields(const toml::table& table, const std::string& path, std::string_view schema,
-                   const std::vector<field<S>>& fields,
-                   const std::vector<std::string_view>& nested, S& out) {
+                   const std::vector<field<S>>& fields, const std::vector<std::string_view>& nested,
+                   S& out) {
     std::vector<std::string_view> known = keys_of(fields);
     known.insert(known.end(), nested.begin(), nested.end());
     for (const auto& [k, v] : table) {
       std::string_view key = k.str();
-      auto it = std::find_if(fields.begin(), fields.end(),
-                             [&](const auto& f) { return f.key == key; });
+      auto it =
+          std::find_if(fields.begin(), fields.end(), [&](const auto& f) { return f.key == key; });
       if (it == fields.end()) {
         if (std::find(nested.begin(), nested.end(), key) == nested.end()) {
           unknown_key(k, key, path, known, schema);
@@ -476,21 +490,29 @@ class reader {
     if (auto near = closest(key, known)) {
       message += "; did you mean '" + std::string(*near) + "'?";
     } else if (auto home = table_holding(key, schema)) {
-      message += "; '" + std::string(key) + "' belongs in " + std::string(*home);
+      message += "; '" + std::string(key) + "' belongs in " + *home;
     } else {
       message += " (known keys here: " + join_words(known) + ")";
     }
     sink_.add(pos_of(k.source()), join_path(path, key), std::move(message));
   }
 
-  /// The header of another table that has this key, for a key written in the wrong table.
-  static std::optional<std::string_view> table_holding(std::string_view key,
-                                                       std::string_view schema) {
+  /// The headers of the other tables that have this key ("[model] or [[nodes]]"), for a
+  /// key written in the wrong table.
+  static std::optional<std::string> table_holding(std::string_view key, std::string_view schema) {
+    std::vector<std::string_view> headers;
     for (const auto& t : all_tables()) {
       if (t.schema == schema) continue;
-      if (std::find(t.keys.begin(), t.keys.end(), key) != t.keys.end()) return t.header;
+      if (std::find(t.keys.begin(), t.keys.end(), key) != t.keys.end()) {
+        headers.push_back(t.header);
+      }
     }
-    return std::nullopt;
+    if (headers.empty()) return std::nullopt;
+    std::string out(headers[0]);
+    for (size_t i = 1; i < headers.size(); ++i) {
+      out += (i + 1 == headers.size() ? " or " : ", ") + std::string(headers[i]);
+    }
+    return out;
   }
 
   void read_value(const toml::node& v, const std::string& path, std::string& out) {
@@ -515,9 +537,9 @@ class reader {
       return false;
     }
     if (value > max) {
-      sink_.add(pos_of(v.source()), path,
-                "out of range (got " + std::to_string(value) + "; at most " +
-                    std::to_string(max) + ")");
+      sink_.add(
+          pos_of(v.source()), path,
+          "out of range (got " + std::to_string(value) + "; at most " + std::to_string(max) + ")");
       return false;
     }
     out = value;
@@ -549,8 +571,8 @@ class reader {
       return;
     }
     if (!std::isfinite(value)) {
-      sink_.add(pos_of(v.source()), path, "must be a finite number (got " +
-                                              format_number(value) + ")");
+      sink_.add(pos_of(v.source()), path,
+                "must be a finite number (got " + format_number(value) + ")");
       return;
     }
     out = value;
@@ -582,12 +604,14 @@ class reader {
 // Validation (phase 2: values and the deployment as a whole)
 // ---------------------------------------------------------------------------------------
 
-bool is_power_of_two(uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
+bool is_power_of_two(uint32_t v) {
+  return v != 0 && (v & (v - 1)) == 0;
+}
 
 bool valid_name(std::string_view name) {
   return !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == '-' || c == '.';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-' || c == '.';
   });
 }
 
@@ -639,8 +663,7 @@ std::string check_endpoint(std::string_view endpoint) {
 
 class validator {
  public:
-  validator(const deployment_config& config, const position_map& positions,
-            diagnostic_sink& sink)
+  validator(const deployment_config& config, const position_map& positions, diagnostic_sink& sink)
       : config_(config), positions_(positions), sink_(sink) {}
 
   void run() {
@@ -669,15 +692,20 @@ class validator {
     }
   }
 
+  /// Rules measured in blocks are checked only against a valid block size, so one bad
+  /// block_tokens is one error, not one per actor.
+  [[nodiscard]] bool block_tokens_valid() const {
+    return is_power_of_two(config_.model.block_tokens) && config_.model.block_tokens <= 1024;
+  }
+
   void check_model() {
     const auto& m = config_.model;
     if (m.name.empty()) error("model.name", "must not be empty");
     choice("model.dtype", m.dtype, dtypes);
-    if (!is_power_of_two(m.block_tokens) || m.block_tokens > 1024) {
+    if (!block_tokens_valid()) {
       error("model.block_tokens", "must be a power of two between 1 and 1024 (got " +
                                       std::to_string(m.block_tokens) + ")");
-    }
-    if (m.max_context < m.block_tokens) {
+    } else if (m.max_context < m.block_tokens) {
       error("model.max_context", "must be at least model.block_tokens (" +
                                      std::to_string(m.block_tokens) + "; got " +
                                      std::to_string(m.max_context) + ")");
@@ -757,8 +785,7 @@ class validator {
       }
       if (auto problem = check_endpoint(node.endpoint); !problem.empty()) {
         error(path + ".endpoint", node.endpoint.empty() ? "must not be empty" : problem);
-      } else if (auto [it, fresh] = endpoints.emplace(node.endpoint, path + ".endpoint");
-                 !fresh) {
+      } else if (auto [it, fresh] = endpoints.emplace(node.endpoint, path + ".endpoint"); !fresh) {
         error(path + ".endpoint", "duplicate endpoint '" + node.endpoint + "' (also used at " +
                                       sink_.where(positions_.find(it->second)) + ")");
       }
@@ -780,19 +807,19 @@ class validator {
     const uint32_t block = config_.model.block_tokens;
     std::unordered_map<std::string, std::string> names;
     std::unordered_map<int, double> share_sum;  // device -> sum of prefill/decode sm_share
-    std::unordered_map<int, bool> share_split;   // device -> some share below 1
+    std::unordered_map<int, bool> share_split;  // device -> some share below 1
     for (size_t j = 0; j < node.actors.size(); ++j) {
       const auto& a = node.actors[j];
       std::string path = index_path(actors_path, j);
       if (!valid_name(a.name)) {
-        error(path + ".name", a.name.empty()
-                                  ? "must not be empty"
-                                  : "must contain only letters, digits, '_', '-' and '.' (got '" +
-                                        a.name + "')");
+        error(path + ".name",
+              a.name.empty()
+                  ? "must not be empty"
+                  : "must contain only letters, digits, '_', '-' and '.' (got '" + a.name + "')");
       } else if (auto [it, fresh] = names.emplace(a.name, path + ".name"); !fresh) {
         error(path + ".name", "duplicate actor name '" + a.name + "' in node '" + node.name +
-                                  "' (first used at " +
-                                  sink_.where(positions_.find(it->second)) + ")");
+                                  "' (first used at " + sink_.where(positions_.find(it->second)) +
+                                  ")");
       }
       if (!actor_role_from_string(to_string(a.role))) {
         error(path + ".role", "must be one of: " + join_words(role_names));
@@ -800,9 +827,9 @@ class validator {
       if (a.device < 0) {
         error(path + ".device", "must not be negative (got " + std::to_string(a.device) + ")");
       }
-      if (!(a.sm_share > 0.0 && a.sm_share <= 1.0)) {
-        error(path + ".sm_share",
-              "must be in (0, 1] (got " + format_number(a.sm_share) + ")");
+      const bool share_valid = a.sm_share > 0.0 && a.sm_share <= 1.0;
+      if (!share_valid) {
+        error(path + ".sm_share", "must be in (0, 1] (got " + format_number(a.sm_share) + ")");
       }
       if (!(a.kv_memory_fraction >= 0.0 && a.kv_memory_fraction < 1.0)) {
         error(path + ".kv_memory_fraction",
@@ -810,12 +837,12 @@ class validator {
       }
       at_least_one(path + ".kv_blocks", a.kv_blocks);
       at_least_one(path + ".max_batch", a.max_batch);
-      if (block > 0 && (a.chunk_tokens < block || a.chunk_tokens % block != 0)) {
-        error(path + ".chunk_tokens",
-              "must be a multiple of model.block_tokens (" + std::to_string(block) +
-                  ") and at least it (got " + std::to_string(a.chunk_tokens) + ")");
+      if (block_tokens_valid() && (a.chunk_tokens < block || a.chunk_tokens % block != 0)) {
+        error(path + ".chunk_tokens", "must be a multiple of model.block_tokens (" +
+                                          std::to_string(block) + ") and at least it (got " +
+                                          std::to_string(a.chunk_tokens) + ")");
       }
-      if (a.role == actor_role::prefill || a.role == actor_role::decode) {
+      if (share_valid && (a.role == actor_role::prefill || a.role == actor_role::decode)) {
         share_sum[a.device] += a.sm_share;
         if (a.sm_share < 1.0) share_split[a.device] = true;
         if (share_split[a.device] && share_sum[a.device] > 1.0 + 1e-9) {

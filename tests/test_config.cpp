@@ -38,13 +38,13 @@ bool contains(const std::string& haystack, const std::string& needle) {
 }
 
 /// Checks that parsing `text` fails with a report containing every one of `parts`.
-#define CHECK_REJECTS(text, ...)                                          \
-  do {                                                                    \
-    const std::string message_ = error_of(text);                          \
-    INFO("error: " << message_);                                          \
+#define CHECK_REJECTS(text, ...)                                                       \
+  do {                                                                                 \
+    const std::string message_ = error_of(text);                                       \
+    INFO("error: " << message_);                                                       \
     for (const std::string& part_ : std::initializer_list<std::string>{__VA_ARGS__}) { \
-      CHECK_MESSAGE(contains(message_, part_), "missing: " << part_);    \
-    }                                                                     \
+      CHECK_MESSAGE(contains(message_, part_), "missing: " << part_);                  \
+    }                                                                                  \
   } while (false)
 
 /// A valid node block (15 lines) with one actor of each role; tests put sections above it.
@@ -239,8 +239,8 @@ TEST_CASE("find_node returns the named node, or null for a name not in the deplo
 }
 
 TEST_CASE("actor roles convert to their names and back") {
-  for (auto role : {actor_role::router, actor_role::prefill, actor_role::decode,
-                    actor_role::broker}) {
+  for (auto role :
+       {actor_role::router, actor_role::prefill, actor_role::decode, actor_role::broker}) {
     CHECK(duet::actor_role_from_string(duet::to_string(role)) == role);
   }
   CHECK(duet::to_string(actor_role::prefill) == "prefill");
@@ -292,8 +292,7 @@ nmae = "x"
 TEST_CASE("a TOML syntax error is reported at the parser's line and column") {
   CHECK_REJECTS("[model]\nname = \"x\"\nblock_tokens = = 16\n", "t.toml:3:16: ", "syntax error");
   CHECK_REJECTS("[model]\nname = \"unterminated\n", "t.toml:2:", "syntax error");
-  CHECK_REJECTS("[model]\nname = \"a\"\nname = \"b\"\n", "t.toml:3:", "syntax error",
-                "redefine");
+  CHECK_REJECTS("[model]\nname = \"a\"\nname = \"b\"\n", "t.toml:3:", "syntax error", "redefine");
 }
 
 TEST_CASE("a file that cannot be read is reported with its name") {
@@ -336,7 +335,8 @@ queue_limit = 10
 polcy = "round_robin"
 )" + one_node;
   CHECK_REJECTS(text, "t.toml:7:1: key 'router.polcy': unknown key; did you mean 'policy'?");
-  CHECK_REJECTS("[modle]\n" + one_node, "t.toml:1:2: key 'modle': unknown key; did you mean 'model'?");
+  CHECK_REJECTS("[modle]\n" + one_node,
+                "t.toml:1:2: key 'modle': unknown key; did you mean 'model'?");
   CHECK_REJECTS(R"([[nodes]]
 name = "n1"
 endpoint = "inproc://n1"
@@ -367,6 +367,9 @@ role = "router"
 )",
                 "t.toml:4:1: key 'nodes[0].role': unknown key; 'role' belongs in "
                 "[[nodes.actors]]");
+  CHECK_REJECTS("[router]\nname = \"r\"\n" + one_node,
+                "t.toml:2:1: key 'router.name': unknown key; 'name' belongs in [model], "
+                "[[nodes]] or [[nodes.actors]]");
 }
 
 TEST_CASE("a value of the wrong type is reported at the value") {
@@ -431,8 +434,8 @@ TEST_CASE("enumerated values outside their set are rejected with the allowed val
   CHECK_REJECTS("[model]\ndtype = \"fp16\"\n" + one_node,
                 "t.toml:2:9: key 'model.dtype': must be one of: bf16, f16, f32");
   for (const char* ok : {"sim", "cpu", "cuda"}) {
-    CHECK_NOTHROW((void)parse_config("[engine]\nkind = \"" + std::string(ok) + "\"\n" + one_node,
-                                     "t"));
+    CHECK_NOTHROW(
+        (void)parse_config("[engine]\nkind = \"" + std::string(ok) + "\"\n" + one_node, "t"));
   }
 }
 
@@ -441,8 +444,7 @@ TEST_CASE("enumerated values outside their set are rejected with the allowed val
 // ---------------------------------------------------------------------------------------
 
 TEST_CASE("a deployment without nodes is rejected") {
-  CHECK_REJECTS("[model]\nname = \"m\"\n",
-                "t.toml:1:1: key 'nodes': the deployment has no nodes");
+  CHECK_REJECTS("[model]\nname = \"m\"\n", "t.toml:1:1: key 'nodes': the deployment has no nodes");
   CHECK_REJECTS("", "t.toml:", "key 'nodes': the deployment has no nodes");
 }
 
@@ -452,8 +454,9 @@ TEST_CASE("a node without actors is rejected at the node") {
 }
 
 TEST_CASE("a duplicate node name is reported at the second one, naming the first") {
-  CHECK_REJECTS(one_node + "[[nodes]]\nname = \"n1\"\nendpoint = \"inproc://n2\"\n"
-                           "[[nodes.actors]]\nname = \"decode1\"\nrole = \"decode\"\n",
+  CHECK_REJECTS(one_node +
+                    "[[nodes]]\nname = \"n1\"\nendpoint = \"inproc://n2\"\n"
+                    "[[nodes.actors]]\nname = \"decode1\"\nrole = \"decode\"\n",
                 "t.toml:17:8: key 'nodes[1].name': duplicate node name 'n1' (first used at "
                 "t.toml:2:8)");
 }
@@ -469,8 +472,9 @@ endpoint = "inproc://n1"
 }
 
 TEST_CASE("a duplicate endpoint is reported at the second node, naming the first") {
-  CHECK_REJECTS(one_node + "[[nodes]]\nname = \"n2\"\nendpoint = \"inproc://n1\"\n"
-                           "[[nodes.actors]]\nname = \"decode1\"\nrole = \"decode\"\n",
+  CHECK_REJECTS(one_node +
+                    "[[nodes]]\nname = \"n2\"\nendpoint = \"inproc://n1\"\n"
+                    "[[nodes.actors]]\nname = \"decode1\"\nrole = \"decode\"\n",
                 "t.toml:18:12: key 'nodes[1].endpoint': duplicate endpoint 'inproc://n1' (also "
                 "used at t.toml:3:12)");
 }
@@ -491,8 +495,8 @@ TEST_CASE("an endpoint needs the inproc, ipc or tcp scheme and tcp needs host:po
   CHECK_REJECTS(with_endpoint("tcp://127.0.0.1:70000"), "t.toml:3:12:", "between 1 and 65535");
   CHECK_REJECTS(with_endpoint("tcp://*:5601"), "t.toml:3:12:", "not '*'");
   CHECK_REJECTS(with_endpoint("ipc://"), "t.toml:3:12:", "needs a socket path");
-  CHECK_REJECTS(with_endpoint("ipc:///" + std::string(120, 'x')), "t.toml:3:12:",
-                "Unix sockets allow at most 107");
+  CHECK_REJECTS(with_endpoint("ipc:///" + std::string(120, 'x')),
+                "t.toml:3:12:", "Unix sockets allow at most 107");
   CHECK_REJECTS(with_endpoint("inproc://"), "t.toml:3:12:", "needs a name");
   CHECK_REJECTS(with_endpoint(""), "t.toml:3:12: key 'nodes[0].endpoint': must not be empty");
   for (const char* ok : {"tcp://127.0.0.1:5601", "tcp://localhost:1", "tcp://[::1]:5601",
@@ -530,8 +534,9 @@ TEST_CASE("a deployment has exactly one router and one broker") {
   CHECK_REJECTS(one_node + "[[nodes.actors]]\nname = \"router2\"\nrole = \"router\"\n",
                 "t.toml:18:8: key 'nodes[0].actors[4].role': a second router actor ('n1/router2'; "
                 "the first is 'n1/router' at t.toml:6:8); exactly one is allowed");
-  CHECK_REJECTS(one_node + "[[nodes]]\nname = \"n2\"\nendpoint = \"inproc://n2\"\n"
-                           "[[nodes.actors]]\nname = \"broker\"\nrole = \"broker\"\n",
+  CHECK_REJECTS(one_node +
+                    "[[nodes]]\nname = \"n2\"\nendpoint = \"inproc://n2\"\n"
+                    "[[nodes.actors]]\nname = \"broker\"\nrole = \"broker\"\n",
                 "t.toml:21:8: key 'nodes[1].actors[0].role': a second broker actor ('n2/broker'");
   CHECK_REJECTS(R"([[nodes]]
 name = "n1"
@@ -593,8 +598,9 @@ name = "decode0"
 role = "decode"
 sm_share = 0.4
 )";
-  CHECK_REJECTS(split, "t.toml:17:12: key 'nodes[0].actors[3].sm_share': prefill and decode "
-                       "actors on device 0 of node 'n1' have sm_share summing to 1.1");
+  CHECK_REJECTS(split,
+                "t.toml:17:12: key 'nodes[0].actors[3].sm_share': prefill and decode "
+                "actors on device 0 of node 'n1' have sm_share summing to 1.1");
   std::string other_device = split + "device = 1\n";
   CHECK_NOTHROW((void)parse_config(other_device, "t"));
   // Unsplit actors (sm_share = 1) share the whole GPU, as in colocated serving.
@@ -623,6 +629,14 @@ TEST_CASE("block_tokens is a power of two between 1 and 1024") {
                   "t.toml:2:16: key 'model.block_tokens': must be a power of two between 1 and "
                   "1024");
   }
+  SUBCASE("a bad block size is one error, not one more per actor measured in blocks") {
+    try {
+      (void)parse_config("[model]\nblock_tokens = 24\n" + one_node, "t.toml");
+      FAIL("accepted block_tokens = 24");
+    } catch (const config_error& e) {
+      CHECK(e.diagnostics().size() == 1);
+    }
+  }
   for (int ok : {1, 16, 1024}) {
     INFO(ok);
     CHECK_NOTHROW(
@@ -636,8 +650,8 @@ TEST_CASE("chunk_tokens is a multiple of block_tokens and at least one block") {
                 "model.block_tokens (64) and at least it (got 32)");
   CHECK_REJECTS("[model]\nblock_tokens = 64\n" + one_node + "chunk_tokens = 100\n",
                 "t.toml:18:16: key 'nodes[0].actors[3].chunk_tokens'");
-  CHECK_NOTHROW((void)parse_config("[model]\nblock_tokens = 64\n" + one_node + "chunk_tokens = 64\n",
-                                   "t"));
+  CHECK_NOTHROW(
+      (void)parse_config("[model]\nblock_tokens = 64\n" + one_node + "chunk_tokens = 64\n", "t"));
 }
 
 TEST_CASE("max_context holds at least one block") {
