@@ -423,14 +423,15 @@ std::string format_summary_table(const latency_summary& s, std::string_view titl
     out += std::string(std::min<size_t>(title.size(), 78), '=');
     out += '\n';
   }
-  out += printf_string("requests    %zu completed, %zu failed", s.completed, s.failed);
-  if (s.failed > 0) out += " (" + failures_phrase(s) + ")";
-  out += printf_string("; duration %.2f s\n", s.duration_s);
+  out += printf_string("requests    %zu completed, %zu failed in %.2f s\n", s.completed, s.failed,
+                       s.duration_s);
+  if (s.failed > 0) out += "failures    " + failures_phrase(s) + "\n";
   out += printf_string("throughput  %.2f req/s, %.1f output tok/s, %.1f total tok/s\n",
                        s.request_throughput, s.output_token_throughput,
                        s.total_token_throughput);
-  out += printf_string("goodput     %.2f req/s; %.1f%% of requests meet %s\n", s.goodput,
-                       100.0 * s.slo_attainment, slo_phrase(s.slo).c_str());
+  out += "SLO         " + slo_phrase(s.slo) + "\n";
+  out += printf_string("goodput     %.2f req/s (%.1f%% of requests meet the SLO)\n", s.goodput,
+                       100.0 * s.slo_attainment);
   out += '\n';
   constexpr size_t name_w = 10, col_w = 10;
   out += pad_right("(ms)", name_w);

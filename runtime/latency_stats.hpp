@@ -185,7 +185,7 @@ struct latency_summary {
 
 /// A terminal-friendly table: request counts, throughput, goodput, then one row per metric
 /// (TTFT, TPOT, ITL, E2E) with mean / P50 / P90 / P99 / max in milliseconds and the count.
-/// Lines end in '\n'; no colour codes; at most 80 columns.
+/// Lines end in '\n'; no colour codes; 80 columns (a long list of failure kinds may wrap).
 [[nodiscard]] std::string format_summary_table(const latency_summary& summary,
                                                std::string_view title = {});
 

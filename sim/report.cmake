@@ -1,0 +1,1 @@
+target_sources(duet_sim PRIVATE ${CMAKE_CURRENT_LIST_DIR}/report.cpp)
