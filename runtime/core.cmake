@@ -5,4 +5,5 @@ target_sources(duet_runtime PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/router_core.cpp
   ${CMAKE_CURRENT_LIST_DIR}/prefill_core.cpp
   ${CMAKE_CURRENT_LIST_DIR}/decode_core.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/broker_core.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/broker_core.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/compat.cpp)

@@ -1,0 +1,343 @@
+#include "actors/roles.hpp"
+
+#include "messages/dispatch.hpp"
+#include "runtime/clock.hpp"
+
+namespace duet {
+
+deployment_addresses addresses_of(const deployment_config& config) {
+  deployment_addresses out;
+  for (const auto& node : config.nodes) {
+    for (const auto& a : node.actors) {
+      const std::string address = node.name + "/" + a.name;
+      switch (a.role) {
+        case actor_role::router: out.router = address; break;
+        case actor_role::broker: out.broker = address; break;
+        case actor_role::prefill: out.prefill.push_back(address); break;
+        case actor_role::decode: out.decode.push_back(address); break;
+      }
+    }
+  }
+  return out;
+}
+
+namespace {
+
+void reply_stats(transport& net, outbox& box, const msg::envelope& env, std::string role, uint32_t free_blocks,
+                 uint32_t total_blocks, std::map<std::string, uint64_t> counters) {
+  msg::stats_reply reply;
+  reply.actor = box.self();
+  reply.role = std::move(role);
+  reply.free_blocks = free_blocks;
+  reply.total_blocks = total_blocks;
+  reply.counters = std::move(counters);
+  const auto& c = net.counters();
+  reply.counters["transport_malformed"] = c.malformed;
+  reply.counters["transport_received"] = c.received;
+  reply.counters["transport_unroutable"] = c.unroutable;
+  reply.counters["transport_refused_incompatible"] = c.refused_incompatible;
+  reply.counters["transport_dropped"] = c.dropped_queue_full + c.dropped_peer_busy;
+  box.send(env.src, reply);
+}
+
+/// The sim engine has no tokenizer: a text prompt becomes one token per UTF-8 byte.
+std::vector<int32_t> byte_tokens(const std::string& text) {
+  std::vector<int32_t> out;
+  out.reserve(text.size());
+  for (unsigned char c : text) out.push_back(c);
+  return out;
+}
+
+// ------------------------------------------------------------------ router
+
+struct router_state {
+  std::unique_ptr<router_core> core;
+  actor_context context;
+  static inline const char* name = "duet.router";
+};
+
+duet_actor::behavior_type router_behavior(duet_actor::stateful_pointer<router_state> self, actor_context context) {
+  const auto& cfg = *context.config;
+  const auto addrs = addresses_of(cfg);
+  router_settings settings;
+  settings.broker = addrs.broker;
+  settings.prefill_workers = addrs.prefill;
+  settings.decode_workers = addrs.decode;
+  settings.policy = cfg.router.policy;
+  settings.queue_limit = cfg.router.queue_limit;
+  settings.request_timeout_ms = cfg.router.request_timeout_ms;
+  settings.max_context = cfg.model.max_context;
+  settings.max_new_tokens_limit = cfg.router.max_new_tokens_limit;
+  settings.give_up_grace_ms = cfg.broker.transfer_timeout_ms;
+  settings.worker_timeout_ms = cfg.transport.peer_timeout_ms;
+  self->state.core = std::make_unique<router_core>(context.address, settings, byte_tokens);
+  self->state.context = context;
+  self->send(self, tick_atom::value);
+  return {
+      [=](inbound& in) {
+        auto& core = *self->state.core;
+        auto& net = *self->state.context.net;
+        const int64_t now = unix_ms();
+        auto outcome = msg::dispatch(in.env, in.frames, [&](const msg::envelope& env, auto& m) {
+          using M = std::decay_t<decltype(m)>;
+          if constexpr (std::is_same_v<M, msg::submit>) core.on_submit(env, m, now);
+          else if constexpr (std::is_same_v<M, msg::cancel>) core.on_cancel(env, m);
+          else if constexpr (std::is_same_v<M, msg::prefill_done>) core.on_prefill_done(m);
+          else if constexpr (std::is_same_v<M, msg::stage_failed>) core.on_stage_failed(env.src, m);
+          else if constexpr (std::is_same_v<M, msg::request_done>) core.on_request_done(m);
+          else if constexpr (std::is_same_v<M, msg::load_report>) core.on_load(env.src, m, now);
+          else if constexpr (std::is_same_v<M, msg::stats_request>) {
+            auto counters = core.counters();
+            counters["in_flight"] = core.in_flight();
+            counters["ready_prefill"] = core.ready_prefill();
+            counters["ready_decode"] = core.ready_decode();
+            reply_stats(net, core.out(), env, "router", 0, 0, std::move(counters));
+          }
+        });
+        if (outcome.status == msg::dispatch_status::malformed) {
+          core.out().send(in.env.src, msg::error{msg::error_code::bad_request, outcome.error, in.env.correlation});
+        }
+        flush(core.out(), net);
+      },
+      [=](tick_atom) {
+        self->state.core->tick(unix_ms());
+        flush(self->state.core->out(), *self->state.context.net);
+        self->delayed_send(self, self->state.context.timing.tick, tick_atom::value);
+      },
+      [=](step_done_atom) {},
+      [=](report_atom) {},
+  };
+}
+
+// ------------------------------------------------------------------ broker
+
+struct broker_state {
+  std::unique_ptr<broker_core> core;
+  actor_context context;
+  static inline const char* name = "duet.broker";
+};
+
+duet_actor::behavior_type broker_behavior(duet_actor::stateful_pointer<broker_state> self, actor_context context) {
+  broker_settings settings;
+  settings.lease_ms = context.config->broker.lease_ms;
+  settings.engine_kind = context.config->engine.kind;
+  self->state.core = std::make_unique<broker_core>(context.address, settings);
+  self->state.context = context;
+  self->send(self, tick_atom::value);
+  return {
+      [=](inbound& in) {
+        auto& core = *self->state.core;
+        auto& net = *self->state.context.net;
+        const int64_t now = unix_ms();
+        auto outcome = msg::dispatch(in.env, in.frames, [&](const msg::envelope& env, auto& m) {
+          using M = std::decay_t<decltype(m)>;
+          if constexpr (std::is_same_v<M, msg::kv_register>) core.on_register(env.src, m, now);
+          else if constexpr (std::is_same_v<M, msg::kv_pull>) core.on_pull(env.src, m, now);
+          else if constexpr (std::is_same_v<M, msg::kv_confirm>) core.on_confirm(env.src, m);
+          else if constexpr (std::is_same_v<M, msg::kv_nack>) core.on_nack(env.src, m);
+          else if constexpr (std::is_same_v<M, msg::kv_drop>) core.on_drop(env.src, m);
+          else if constexpr (std::is_same_v<M, msg::kv_renew>) core.on_renew(env.src, m, now);
+          else if constexpr (std::is_same_v<M, msg::stats_request>) {
+            auto counters = core.counters();
+            counters["live_handles"] = core.live_handles();
+            reply_stats(net, core.out(), env, "broker", 0, 0, std::move(counters));
+          }
+        });
+        if (outcome.status == msg::dispatch_status::malformed) {
+          core.out().send(in.env.src, msg::error{msg::error_code::bad_request, outcome.error, in.env.correlation});
+        }
+        flush(core.out(), net);
+      },
+      [=](tick_atom) {
+        // Reclamation runs on this timer, never only on the request path.
+        self->state.core->reclaim(unix_ms());
+        flush(self->state.core->out(), *self->state.context.net);
+        self->delayed_send(self, std::chrono::milliseconds(self->state.context.config->broker.reclaim_interval_ms),
+                           tick_atom::value);
+      },
+      [=](step_done_atom) {},
+      [=](report_atom) {},
+  };
+}
+
+// ------------------------------------------------------------------ prefill and decode
+
+/// The step loop both workers share: run the engine when idle, wait the modelled time
+/// (sim engine), then apply the results. Messages keep flowing in between.
+template <class State>
+void maybe_step(typename duet_actor::stateful_pointer<State> self) {
+  auto& st = self->state;
+  if (st.stepping) return;
+  auto wait = st.core->begin_step(unix_ms());
+  if (!wait) return;
+  st.stepping = true;
+  if (wait->count() > 0) {
+    self->delayed_send(self, *wait, step_done_atom::value);
+  } else {
+    self->send(self, step_done_atom::value);
+  }
+}
+
+template <class State>
+void send_load(typename duet_actor::stateful_pointer<State> self) {
+  auto& st = self->state;
+  st.core->out().send(st.router, st.core->load());
+}
+
+struct prefill_state_holder {
+  std::shared_ptr<engine> engine_;
+  std::unique_ptr<prefill_core> core;
+  actor_context context;
+  std::string router;
+  bool stepping = false;
+  static inline const char* name = "duet.prefill";
+};
+
+duet_actor::behavior_type prefill_behavior(duet_actor::stateful_pointer<prefill_state_holder> self,
+                                           actor_context context) {
+  const auto addrs = addresses_of(*context.config);
+  auto& st = self->state;
+  st.engine_ = context.compute;
+  prefill_settings settings;
+  settings.router = addrs.router;
+  settings.broker = addrs.broker;
+  settings.kv_blocks = context.actor->kv_blocks;
+  settings.chunk_tokens = context.actor->chunk_tokens;
+  settings.max_batch = context.actor->max_batch;
+  settings.register_timeout_ms = context.config->broker.transfer_timeout_ms;
+  st.core = std::make_unique<prefill_core>(context.address, settings, *st.engine_);
+  st.context = context;
+  st.router = addrs.router;
+  self->send(self, tick_atom::value);
+  self->send(self, report_atom::value);
+  return {
+      [=](inbound& in) {
+        auto& core = *self->state.core;
+        auto& net = *self->state.context.net;
+        const int64_t now = unix_ms();
+        auto outcome = msg::dispatch(in.env, in.frames, [&](const msg::envelope& env, auto& m) {
+          using M = std::decay_t<decltype(m)>;
+          if constexpr (std::is_same_v<M, msg::prefill_request>) core.on_request(env, m, now);
+          else if constexpr (std::is_same_v<M, msg::cancel_seq>) core.on_cancel(m);
+          else if constexpr (std::is_same_v<M, msg::kv_registered>) core.on_registered(m);
+          else if constexpr (std::is_same_v<M, msg::kv_release>) core.on_release(m);
+          else if constexpr (std::is_same_v<M, msg::stats_request>) {
+            reply_stats(net, core.out(), env, "prefill", core.pool().free_blocks(), core.pool().total_blocks(),
+                        core.counters());
+          }
+        });
+        if (outcome.status == msg::dispatch_status::malformed) {
+          core.out().send(in.env.src, msg::error{msg::error_code::bad_request, outcome.error, in.env.correlation});
+        }
+        maybe_step<prefill_state_holder>(self);
+        flush(core.out(), net);
+      },
+      [=](step_done_atom) {
+        auto& s = self->state;
+        s.core->finish_step(unix_ms());
+        s.stepping = false;
+        maybe_step<prefill_state_holder>(self);
+        flush(s.core->out(), *s.context.net);
+      },
+      [=](tick_atom) {
+        auto& s = self->state;
+        s.core->tick(unix_ms());
+        maybe_step<prefill_state_holder>(self);
+        flush(s.core->out(), *s.context.net);
+        self->delayed_send(self, s.context.timing.tick, tick_atom::value);
+      },
+      [=](report_atom) {
+        auto& s = self->state;
+        send_load<prefill_state_holder>(self);
+        flush(s.core->out(), *s.context.net);
+        self->delayed_send(self, s.context.timing.report, report_atom::value);
+      },
+  };
+}
+
+struct decode_state_holder {
+  std::shared_ptr<engine> engine_;
+  std::unique_ptr<decode_core> core;
+  actor_context context;
+  std::string router;
+  bool stepping = false;
+  static inline const char* name = "duet.decode";
+};
+
+duet_actor::behavior_type decode_behavior(duet_actor::stateful_pointer<decode_state_holder> self,
+                                          actor_context context) {
+  const auto addrs = addresses_of(*context.config);
+  auto& st = self->state;
+  st.engine_ = context.compute;
+  decode_settings settings;
+  settings.router = addrs.router;
+  settings.broker = addrs.broker;
+  settings.kv_blocks = context.actor->kv_blocks;
+  settings.max_batch = context.actor->max_batch;
+  settings.transfer_timeout_ms = context.config->broker.transfer_timeout_ms;
+  settings.renew_every_ms = std::max<uint32_t>(context.config->broker.lease_ms / 3, 1);
+  st.core = std::make_unique<decode_core>(context.address, settings, *st.engine_);
+  st.context = context;
+  st.router = addrs.router;
+  self->send(self, tick_atom::value);
+  self->send(self, report_atom::value);
+  return {
+      [=](inbound& in) {
+        auto& core = *self->state.core;
+        auto& net = *self->state.context.net;
+        const int64_t now = unix_ms();
+        auto outcome = msg::dispatch(in.env, in.frames, [&](const msg::envelope& env, auto& m) {
+          using M = std::decay_t<decltype(m)>;
+          if constexpr (std::is_same_v<M, msg::kv_adopt>) core.on_adopt(env, m, now);
+          else if constexpr (std::is_same_v<M, msg::kv_moved>) core.on_moved(m, now);
+          else if constexpr (std::is_same_v<M, msg::cancel_seq>) core.on_cancel(m);
+          else if constexpr (std::is_same_v<M, msg::stats_request>) {
+            reply_stats(net, core.out(), env, "decode", core.pool().free_blocks(), core.pool().total_blocks(),
+                        core.counters());
+          }
+        });
+        if (outcome.status == msg::dispatch_status::malformed) {
+          core.out().send(in.env.src, msg::error{msg::error_code::bad_request, outcome.error, in.env.correlation});
+        }
+        maybe_step<decode_state_holder>(self);
+        flush(core.out(), net);
+      },
+      [=](step_done_atom) {
+        auto& s = self->state;
+        s.core->finish_step(unix_ms());
+        s.stepping = false;
+        maybe_step<decode_state_holder>(self);
+        flush(s.core->out(), *s.context.net);
+      },
+      [=](tick_atom) {
+        auto& s = self->state;
+        s.core->tick(unix_ms());
+        maybe_step<decode_state_holder>(self);
+        flush(s.core->out(), *s.context.net);
+        self->delayed_send(self, s.context.timing.tick, tick_atom::value);
+      },
+      [=](report_atom) {
+        auto& s = self->state;
+        send_load<decode_state_holder>(self);
+        flush(s.core->out(), *s.context.net);
+        self->delayed_send(self, s.context.timing.report, report_atom::value);
+      },
+  };
+}
+
+}  // namespace
+
+duet_actor spawn_router(caf::actor_system& system, actor_context context) {
+  return system.spawn(router_behavior, context);
+}
+duet_actor spawn_broker(caf::actor_system& system, actor_context context) {
+  return system.spawn(broker_behavior, context);
+}
+duet_actor spawn_prefill(caf::actor_system& system, actor_context context) {
+  return system.spawn(prefill_behavior, context);
+}
+duet_actor spawn_decode(caf::actor_system& system, actor_context context) {
+  return system.spawn(decode_behavior, context);
+}
+
+}  // namespace duet

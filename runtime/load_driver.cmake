@@ -1,0 +1,1 @@
+target_sources(duet_runtime PRIVATE ${CMAKE_CURRENT_LIST_DIR}/load_driver.cpp)
