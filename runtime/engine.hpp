@@ -2,6 +2,7 @@
 // The engine interface: what prefill and decode actors call, whatever runs the math
 // (sim: a cost model; cpu: the fp32 reference; cuda: the GPU engine).
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -56,6 +57,11 @@ class engine {
   [[nodiscard]] virtual step_output decode(std::span<const decode_slot> slots) = 0;
   /// The sequence is gone; drop per-sequence state (RNG, caches).
   virtual void release(uint64_t seq_id) {}
+  /// KV bytes of `blocks` (info().block_bytes each, in order) for a transfer to another
+  /// pool; engines without KV storage (sim) copy nothing and return false.
+  virtual bool read_blocks(std::span<const uint32_t> blocks, std::span<std::byte> out) const { return false; }
+  /// Writes transferred KV bytes into `blocks` of this engine's pool.
+  virtual bool write_blocks(std::span<const uint32_t> blocks, std::span<const std::byte> in) { return false; }
 };
 
 /// Builds the engine the config asks for. Throws std::runtime_error with a reason.

@@ -73,16 +73,4 @@ step_output sim_engine::decode(std::span<const decode_slot> slots) {
   return out;
 }
 
-std::unique_ptr<engine> make_engine(const deployment_config& config, const actor_config& actor) {
-  if (config.engine.kind != "sim") {
-    throw std::runtime_error("engine '" + config.engine.kind + "' is not available in this build");
-  }
-  auto shape = find_model_shape(config.model.preset);
-  if (!shape) throw std::runtime_error("unknown model preset '" + config.model.preset + "'");
-  auto gpu = find_gpu_spec(config.engine.gpu);
-  if (!gpu) throw std::runtime_error("unknown GPU '" + config.engine.gpu + "'");
-  return std::make_unique<sim_engine>(*shape, *gpu, config.model.name, config.model.max_context,
-                                      config.model.block_tokens, actor.sm_share, config.engine.time_scale);
-}
-
 }  // namespace duet
