@@ -19,7 +19,8 @@ struct tokenizer_spec {
     bool single_word = false;
     bool normalized = false;
   };
-  std::vector<std::string> vocab;  // id -> token in byte-level form ("Ġhello")
+  std::vector<std::string> vocab;  // id -> token in byte-level form ("Ġhello"); may be empty
+                                   // for ids that only an added token names
   std::vector<std::pair<std::string, std::string>> merges;  // in rank order
   std::vector<added_token> added;
   std::string pre_tokenizer;  // split-regex family: "llama3", "qwen2", "gpt2", "smollm", ...
