@@ -46,10 +46,16 @@ T load_le(const std::byte* p) {
   return value;
 }
 
-uint16_t load_u16(const std::byte* p) { return load_le<uint16_t>(p); }
+uint16_t load_u16(const std::byte* p) {
+  return load_le<uint16_t>(p);
+}
 
-bool mul_overflows(uint64_t a, uint64_t b, uint64_t& out) { return __builtin_mul_overflow(a, b, &out); }
-bool add_overflows(uint64_t a, uint64_t b, uint64_t& out) { return __builtin_add_overflow(a, b, &out); }
+bool mul_overflows(uint64_t a, uint64_t b, uint64_t& out) {
+  return __builtin_mul_overflow(a, b, &out);
+}
+bool add_overflows(uint64_t a, uint64_t b, uint64_t& out) {
+  return __builtin_add_overflow(a, b, &out);
+}
 
 // ---- type table -----------------------------------------------------------------------------
 
@@ -237,23 +243,36 @@ class cursor {
   gguf_value read_value(gguf_value_type type, const std::string& what, int depth) {
     using t = gguf_value_type;
     switch (type) {
-      case t::u8: return {read<uint8_t>(what)};
-      case t::i8: return {read<int8_t>(what)};
-      case t::u16: return {read<uint16_t>(what)};
-      case t::i16: return {read<int16_t>(what)};
-      case t::u32: return {read<uint32_t>(what)};
-      case t::i32: return {read<int32_t>(what)};
-      case t::f32: return {read<float>(what)};
+      case t::u8:
+        return {read<uint8_t>(what)};
+      case t::i8:
+        return {read<int8_t>(what)};
+      case t::u16:
+        return {read<uint16_t>(what)};
+      case t::i16:
+        return {read<int16_t>(what)};
+      case t::u32:
+        return {read<uint32_t>(what)};
+      case t::i32:
+        return {read<int32_t>(what)};
+      case t::f32:
+        return {read<float>(what)};
       case t::boolean: {
         const auto b = read<uint8_t>(what);
-        if (b > 1) fail(file_, what + ": invalid bool value " + std::to_string(b) + " (must be 0 or 1)");
+        if (b > 1)
+          fail(file_, what + ": invalid bool value " + std::to_string(b) + " (must be 0 or 1)");
         return {b == 1};
       }
-      case t::string: return {read_string(what)};
-      case t::array: return {read_array(what, depth + 1)};
-      case t::u64: return {read<uint64_t>(what)};
-      case t::i64: return {read<int64_t>(what)};
-      case t::f64: return {read<double>(what)};
+      case t::string:
+        return {read_string(what)};
+      case t::array:
+        return {read_array(what, depth + 1)};
+      case t::u64:
+        return {read<uint64_t>(what)};
+      case t::i64:
+        return {read<int64_t>(what)};
+      case t::f64:
+        return {read<double>(what)};
     }
     fail(file_, what + ": invalid value type " + std::to_string(static_cast<uint32_t>(type)));
   }
@@ -269,7 +288,8 @@ class cursor {
 
   gguf_array read_array(const std::string& what, int depth) {
     if (depth > max_array_depth) {
-      fail(file_, what + ": arrays nested deeper than " + std::to_string(max_array_depth) + " levels");
+      fail(file_,
+           what + ": arrays nested deeper than " + std::to_string(max_array_depth) + " levels");
     }
     gguf_array arr;
     arr.type = read_type(what + " (array element type)");
@@ -288,7 +308,8 @@ class cursor {
     arr.items.reserve(static_cast<std::size_t>(std::min<uint64_t>(n, uint64_t{1} << 16)));
     for (uint64_t i = 0; i < n; ++i) {
       if (arr.type == gguf_value_type::array) {
-        arr.items.push_back(gguf_value{read_array(what + "[" + std::to_string(i) + "]", depth + 1)});
+        arr.items.push_back(
+            gguf_value{read_array(what + "[" + std::to_string(i) + "]", depth + 1)});
       } else if (arr.type == gguf_value_type::string) {
         // Fast path for the big token and merge lists; the element index names the culprit.
         const auto len = read<uint64_t>(what + "[" + std::to_string(i) + "] (string length)");
@@ -297,8 +318,8 @@ class cursor {
                           " at offset " + std::to_string(pos_ - 8) +
                           " runs past the end of the file (" + std::to_string(size_) + " bytes)");
         }
-        arr.items.push_back(gguf_value{
-            std::string(reinterpret_cast<const char*>(base_ + pos_), static_cast<std::size_t>(len))});
+        arr.items.push_back(gguf_value{std::string(reinterpret_cast<const char*>(base_ + pos_),
+                                                   static_cast<std::size_t>(len))});
         pos_ += len;
       } else {
         arr.items.push_back(read_value(arr.type, what + "[" + std::to_string(i) + "]", depth));
@@ -310,11 +331,24 @@ class cursor {
   static uint64_t min_encoded_size(gguf_value_type type) {
     using t = gguf_value_type;
     switch (type) {
-      case t::u8: case t::i8: case t::boolean: return 1;
-      case t::u16: case t::i16: return 2;
-      case t::u32: case t::i32: case t::f32: return 4;
-      case t::u64: case t::i64: case t::f64: case t::string: return 8;
-      case t::array: return 12;
+      case t::u8:
+      case t::i8:
+      case t::boolean:
+        return 1;
+      case t::u16:
+      case t::i16:
+        return 2;
+      case t::u32:
+      case t::i32:
+      case t::f32:
+        return 4;
+      case t::u64:
+      case t::i64:
+      case t::f64:
+      case t::string:
+        return 8;
+      case t::array:
+        return 12;
     }
     return 1;
   }
@@ -336,8 +370,8 @@ std::string shape_string(const std::vector<uint64_t>& shape) {
 }
 
 std::string tensor_context(const gguf_tensor& t) {
-  return "tensor " + in_quotes(t.info->name) + " (" + std::string(ggml_type_name(t.info->type)) + ", shape " +
-         shape_string(t.info->shape) + ")";
+  return "tensor " + in_quotes(t.info->name) + " (" + std::string(ggml_type_name(t.info->type)) +
+         ", shape " + shape_string(t.info->shape) + ")";
 }
 
 }  // namespace
@@ -346,28 +380,46 @@ std::string tensor_context(const gguf_tensor& t) {
 
 std::string_view gguf_value_type_name(gguf_value_type type) {
   switch (type) {
-    case gguf_value_type::u8: return "uint8";
-    case gguf_value_type::i8: return "int8";
-    case gguf_value_type::u16: return "uint16";
-    case gguf_value_type::i16: return "int16";
-    case gguf_value_type::u32: return "uint32";
-    case gguf_value_type::i32: return "int32";
-    case gguf_value_type::f32: return "float32";
-    case gguf_value_type::boolean: return "bool";
-    case gguf_value_type::string: return "string";
-    case gguf_value_type::array: return "array";
-    case gguf_value_type::u64: return "uint64";
-    case gguf_value_type::i64: return "int64";
-    case gguf_value_type::f64: return "float64";
+    case gguf_value_type::u8:
+      return "uint8";
+    case gguf_value_type::i8:
+      return "int8";
+    case gguf_value_type::u16:
+      return "uint16";
+    case gguf_value_type::i16:
+      return "int16";
+    case gguf_value_type::u32:
+      return "uint32";
+    case gguf_value_type::i32:
+      return "int32";
+    case gguf_value_type::f32:
+      return "float32";
+    case gguf_value_type::boolean:
+      return "bool";
+    case gguf_value_type::string:
+      return "string";
+    case gguf_value_type::array:
+      return "array";
+    case gguf_value_type::u64:
+      return "uint64";
+    case gguf_value_type::i64:
+      return "int64";
+    case gguf_value_type::f64:
+      return "float64";
   }
   return "unknown";
 }
 
 bool gguf_value::is_integer() const {
   switch (type()) {
-    case gguf_value_type::u8: case gguf_value_type::i8: case gguf_value_type::u16:
-    case gguf_value_type::i16: case gguf_value_type::u32: case gguf_value_type::i32:
-    case gguf_value_type::u64: case gguf_value_type::i64:
+    case gguf_value_type::u8:
+    case gguf_value_type::i8:
+    case gguf_value_type::u16:
+    case gguf_value_type::i16:
+    case gguf_value_type::u32:
+    case gguf_value_type::i32:
+    case gguf_value_type::u64:
+    case gguf_value_type::i64:
       return true;
     default:
       return false;
@@ -392,7 +444,9 @@ uint64_t gguf_value::as_u64(std::string_view what) const {
         using T = std::decay_t<decltype(x)>;
         if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
           if constexpr (std::is_signed_v<T>) {
-            if (x < 0) throw std::runtime_error(std::string(what) + ": expected an unsigned integer, found " + std::to_string(x));
+            if (x < 0)
+              throw std::runtime_error(
+                  std::string(what) + ": expected an unsigned integer, found " + std::to_string(x));
           }
           return static_cast<uint64_t>(x);
         } else {
@@ -407,7 +461,8 @@ int64_t gguf_value::as_i64(std::string_view what) const {
   if (type() == gguf_value_type::u64) {
     const auto x = std::get<uint64_t>(data);
     if (x > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      throw std::runtime_error(std::string(what) + ": " + std::to_string(x) + " does not fit int64");
+      throw std::runtime_error(std::string(what) + ": " + std::to_string(x) +
+                               " does not fit int64");
     }
     return static_cast<int64_t>(x);
   }
@@ -487,7 +542,9 @@ const ggml_type_traits* ggml_type_find(uint32_t raw_id) {
 
 const ggml_type_traits& ggml_type_get(ggml_type type) {
   const auto* t = ggml_type_find(static_cast<uint32_t>(type));
-  if (!t) throw std::invalid_argument("ggml type id " + std::to_string(static_cast<uint32_t>(type)) + " is not a ggml type");
+  if (!t)
+    throw std::invalid_argument("ggml type id " + std::to_string(static_cast<uint32_t>(type)) +
+                                " is not a ggml type");
   return *t;
 }
 
@@ -500,11 +557,13 @@ uint64_t ggml_type_bytes(ggml_type type, uint64_t n_elements) {
   const auto& t = ggml_type_get(type);
   if (n_elements % t.block_size != 0) {
     throw std::runtime_error(std::to_string(n_elements) + " elements of " + std::string(t.name) +
-                             " are not a whole number of " + std::to_string(t.block_size) + "-element blocks");
+                             " are not a whole number of " + std::to_string(t.block_size) +
+                             "-element blocks");
   }
   uint64_t bytes = 0;
   if (mul_overflows(n_elements / t.block_size, t.type_size, bytes)) {
-    throw std::runtime_error(std::to_string(n_elements) + " elements of " + std::string(t.name) + " overflow 64 bits of bytes");
+    throw std::runtime_error(std::to_string(n_elements) + " elements of " + std::string(t.name) +
+                             " overflow 64 bits of bytes");
   }
   return bytes;
 }
@@ -532,7 +591,9 @@ float ggml_fp16_to_fp32(uint16_t h) {
   return std::bit_cast<float>(bits);
 }
 
-float ggml_bf16_to_fp32(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+float ggml_bf16_to_fp32(uint16_t h) {
+  return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+}
 
 // ---- tensor infos ---------------------------------------------------------------------------
 
@@ -541,7 +602,9 @@ uint64_t gguf_tensor_info::n_rows() const {
   return len == 0 ? 0 : n_elements / len;
 }
 
-uint64_t gguf_tensor_info::row_bytes() const { return ggml_type_bytes(type, row_length()); }
+uint64_t gguf_tensor_info::row_bytes() const {
+  return ggml_type_bytes(type, row_length());
+}
 
 // ---- the file -------------------------------------------------------------------------------
 
@@ -569,7 +632,8 @@ gguf_file::gguf_file(const std::filesystem::path& path) : path_(path) {
   const int map_err = errno;
   ::close(fd);  // the mapping keeps the file referenced
   if (addr == MAP_FAILED) {
-    fail(path_, std::string("cannot mmap ") + std::to_string(size_) + " bytes: " + std::strerror(map_err));
+    fail(path_,
+         std::string("cannot mmap ") + std::to_string(size_) + " bytes: " + std::strerror(map_err));
   }
   base_ = static_cast<const std::byte*>(addr);
   try {
@@ -580,7 +644,9 @@ gguf_file::gguf_file(const std::filesystem::path& path) : path_(path) {
   }
 }
 
-gguf_file::~gguf_file() { unmap(); }
+gguf_file::~gguf_file() {
+  unmap();
+}
 
 gguf_file::gguf_file(gguf_file&& other) noexcept
     : path_(std::move(other.path_)),
@@ -643,7 +709,8 @@ void gguf_file::parse() {
                       " looks byte-swapped: big-endian GGUF files are not supported");
     }
     if (version_ == 1) fail(path_, "GGUF version 1 is not supported (only versions 2 and 3)");
-    fail(path_, "unsupported GGUF version " + std::to_string(version_) + " (only versions 2 and 3)");
+    fail(path_,
+         "unsupported GGUF version " + std::to_string(version_) + " (only versions 2 and 3)");
   }
   const auto n_tensors = in.read<uint64_t>("header (tensor count)");
   const auto n_kv = in.read<uint64_t>("header (metadata count)");
@@ -653,8 +720,8 @@ void gguf_file::parse() {
                     std::to_string(size_) + " bytes");
   }
   if (n_tensors > in.remaining() / 24) {
-    fail(path_, "header: tensor count " + std::to_string(n_tensors) + " is impossible for a file of " +
-                    std::to_string(size_) + " bytes");
+    fail(path_, "header: tensor count " + std::to_string(n_tensors) +
+                    " is impossible for a file of " + std::to_string(size_) + " bytes");
   }
 
   kv_.reserve(static_cast<std::size_t>(n_kv));
@@ -676,7 +743,8 @@ void gguf_file::parse() {
     }
     const uint64_t v = a->as_u64("metadata key 'general.alignment'");
     if (v == 0 || (v & (v - 1)) != 0) {
-      fail(path_, "metadata key 'general.alignment': " + std::to_string(v) + " is not a power of two");
+      fail(path_,
+           "metadata key 'general.alignment': " + std::to_string(v) + " is not a power of two");
     }
     alignment_ = v;
   }
@@ -695,7 +763,8 @@ void gguf_file::parse() {
     for (uint32_t d = 0; d < n_dims; ++d) {
       const auto ne = in.read<uint64_t>(what + " (dimension " + std::to_string(d) + ")");
       if (ne > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        fail(path_, what + ": dimension " + std::to_string(d) + " is " + std::to_string(ne) + ", too large");
+        fail(path_, what + ": dimension " + std::to_string(d) + " is " + std::to_string(ne) +
+                        ", too large");
       }
       t.shape.push_back(ne);
       if (mul_overflows(t.n_elements, ne, t.n_elements) ||
@@ -710,14 +779,15 @@ void gguf_file::parse() {
     }
     t.type = traits->type;
     if (t.row_length() % traits->block_size != 0) {
-      fail(path_, what + ": type " + std::string(traits->name) + " needs rows that are a multiple of " +
-                      std::to_string(traits->block_size) + " elements, shape is " + shape_string(t.shape));
+      fail(path_, what + ": type " + std::string(traits->name) +
+                      " needs rows that are a multiple of " + std::to_string(traits->block_size) +
+                      " elements, shape is " + shape_string(t.shape));
     }
     t.n_bytes = ggml_type_bytes(t.type, t.n_elements);
     t.offset = in.read<uint64_t>(what + " (data offset)");
     if (t.offset % alignment_ != 0) {
-      fail(path_, what + ": data offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
-                      std::to_string(alignment_));
+      fail(path_, what + ": data offset " + std::to_string(t.offset) +
+                      " is not a multiple of the alignment " + std::to_string(alignment_));
     }
     tensor_index_.emplace(t.name, tensors_.size());
     tensors_.push_back(std::move(t));
@@ -729,11 +799,13 @@ void gguf_file::parse() {
   for (const auto& t : tensors_) {
     uint64_t begin = 0;
     uint64_t stop = 0;
-    if (add_overflows(data_offset_, t.offset, begin) || add_overflows(begin, t.n_bytes, stop) || stop > size_) {
-      fail(path_, "tensor " + in_quotes(t.name) + " (" + std::string(ggml_type_name(t.type)) + ", shape " +
-                      shape_string(t.shape) + "): data [" + std::to_string(data_offset_) + " + " +
-                      std::to_string(t.offset) + ", +" + std::to_string(t.n_bytes) +
-                      " bytes) runs past the end of the file (" + std::to_string(size_) + " bytes)");
+    if (add_overflows(data_offset_, t.offset, begin) || add_overflows(begin, t.n_bytes, stop) ||
+        stop > size_) {
+      fail(path_, "tensor " + in_quotes(t.name) + " (" + std::string(ggml_type_name(t.type)) +
+                      ", shape " + shape_string(t.shape) + "): data [" +
+                      std::to_string(data_offset_) + " + " + std::to_string(t.offset) + ", +" +
+                      std::to_string(t.n_bytes) + " bytes) runs past the end of the file (" +
+                      std::to_string(size_) + " bytes)");
     }
   }
 }
@@ -755,10 +827,18 @@ std::string key_context(const std::filesystem::path& file, std::string_view key)
 }
 }  // namespace
 
-uint64_t gguf_file::get_u64(std::string_view key) const { return at(key).as_u64(key_context(path_, key)); }
-int64_t gguf_file::get_i64(std::string_view key) const { return at(key).as_i64(key_context(path_, key)); }
-double gguf_file::get_f64(std::string_view key) const { return at(key).as_f64(key_context(path_, key)); }
-bool gguf_file::get_bool(std::string_view key) const { return at(key).as_bool(key_context(path_, key)); }
+uint64_t gguf_file::get_u64(std::string_view key) const {
+  return at(key).as_u64(key_context(path_, key));
+}
+int64_t gguf_file::get_i64(std::string_view key) const {
+  return at(key).as_i64(key_context(path_, key));
+}
+double gguf_file::get_f64(std::string_view key) const {
+  return at(key).as_f64(key_context(path_, key));
+}
+bool gguf_file::get_bool(std::string_view key) const {
+  return at(key).as_bool(key_context(path_, key));
+}
 const std::string& gguf_file::get_string(std::string_view key) const {
   return at(key).as_string(key_context(path_, key));
 }
@@ -811,7 +891,8 @@ gguf_tensor gguf_file::tensor(const gguf_tensor_info& info) const {
     fail(path_, "tensor " + in_quotes(info.name) + " does not belong to this file");
   }
   return gguf_tensor{&info,
-                     std::span<const std::byte>(base_ + data_offset_ + info.offset, static_cast<std::size_t>(info.n_bytes)),
+                     std::span<const std::byte>(base_ + data_offset_ + info.offset,
+                                                static_cast<std::size_t>(info.n_bytes)),
                      path_};
 }
 
@@ -820,7 +901,8 @@ gguf_tensor gguf_file::tensor(const gguf_tensor_info& info) const {
 void dequantize_into(ggml_type type, std::span<const std::byte> src, std::span<float> dst) {
   const ggml_type_traits* traits = ggml_type_find(static_cast<uint32_t>(type));
   if (!traits) {
-    throw std::runtime_error("dequantize: unknown tensor type id " + std::to_string(static_cast<uint32_t>(type)));
+    throw std::runtime_error("dequantize: unknown tensor type id " +
+                             std::to_string(static_cast<uint32_t>(type)));
   }
   if (!traits->dequantizable) {
     throw std::runtime_error("dequantize: tensor type " + std::string(traits->name) +
@@ -829,8 +911,9 @@ void dequantize_into(ggml_type type, std::span<const std::byte> src, std::span<f
   const uint64_t n = dst.size();
   const uint64_t bytes = ggml_type_bytes(type, n);
   if (src.size() != bytes) {
-    throw std::runtime_error("dequantize: " + std::to_string(n) + " " + std::string(traits->name) + " values need " +
-                             std::to_string(bytes) + " bytes, got " + std::to_string(src.size()));
+    throw std::runtime_error("dequantize: " + std::to_string(n) + " " + std::string(traits->name) +
+                             " values need " + std::to_string(bytes) + " bytes, got " +
+                             std::to_string(src.size()));
   }
   const std::byte* s = src.data();
   float* y = dst.data();
@@ -866,7 +949,8 @@ void dequantize_into(ggml_type type, std::span<const std::byte> src, std::span<f
     default:
       break;
   }
-  throw std::runtime_error("dequantize: tensor type " + std::string(traits->name) + " is not supported");
+  throw std::runtime_error("dequantize: tensor type " + std::string(traits->name) +
+                           " is not supported");
 }
 
 std::vector<float> dequantize(const gguf_tensor& tensor) {
@@ -880,18 +964,21 @@ std::vector<float> dequantize_rows(const gguf_tensor& tensor, uint64_t first_row
   const uint64_t rows = info.n_rows();
   if (first_row > rows || n_rows > rows - first_row) {
     fail(tensor.file, tensor_context(tensor) + ": rows [" + std::to_string(first_row) + ", " +
-                          std::to_string(first_row + n_rows) + ") out of range (" + std::to_string(rows) + " rows)");
+                          std::to_string(first_row + n_rows) + ") out of range (" +
+                          std::to_string(rows) + " rows)");
   }
   const uint64_t len = info.row_length();
   const uint64_t row_bytes = info.row_bytes();
   if (tensor.data.size() < info.n_bytes) {
-    fail(tensor.file, tensor_context(tensor) + ": view holds " + std::to_string(tensor.data.size()) +
-                          " bytes, the tensor needs " + std::to_string(info.n_bytes));
+    fail(tensor.file, tensor_context(tensor) + ": view holds " +
+                          std::to_string(tensor.data.size()) + " bytes, the tensor needs " +
+                          std::to_string(info.n_bytes));
   }
   std::vector<float> out(static_cast<std::size_t>(len * n_rows));
   try {
-    dequantize_into(info.type, tensor.data.subspan(static_cast<std::size_t>(first_row * row_bytes),
-                                                   static_cast<std::size_t>(n_rows * row_bytes)),
+    dequantize_into(info.type,
+                    tensor.data.subspan(static_cast<std::size_t>(first_row * row_bytes),
+                                        static_cast<std::size_t>(n_rows * row_bytes)),
                     out);
   } catch (const std::runtime_error& e) {
     fail(tensor.file, tensor_context(tensor) + ": " + e.what());
@@ -912,7 +999,10 @@ void dequantize_row(const gguf_tensor& tensor, uint64_t row, std::span<float> ou
   }
   const uint64_t row_bytes = info.row_bytes();
   try {
-    dequantize_into(info.type, tensor.data.subspan(static_cast<std::size_t>(row * row_bytes), static_cast<std::size_t>(row_bytes)), out);
+    dequantize_into(info.type,
+                    tensor.data.subspan(static_cast<std::size_t>(row * row_bytes),
+                                        static_cast<std::size_t>(row_bytes)),
+                    out);
   } catch (const std::runtime_error& e) {
     fail(tensor.file, tensor_context(tensor) + ": " + e.what());
   }
@@ -940,7 +1030,8 @@ std::optional<uint32_t> find_count(const gguf_file& f, const std::string& key) {
     const uint64_t first = a.items.front().as_u64(what);
     for (const auto& item : a.items) {
       if (item.as_u64(what) != first) {
-        fail(f.path(), "metadata key " + in_quotes(key) + ": per-layer values differ (" + v->to_string() +
+        fail(f.path(), "metadata key " + in_quotes(key) + ": per-layer values differ (" +
+                           v->to_string() +
                            "); models whose layers differ in shape are not supported");
       }
     }
@@ -961,7 +1052,8 @@ gguf_model_config gguf_read_model_config(const gguf_file& f) {
   gguf_model_config c;
   c.arch = f.get_string("general.architecture");
   if (c.arch != "llama" && c.arch != "qwen2") {
-    fail(f.path(), "architecture " + in_quotes(c.arch) + " is not supported (supported: llama, qwen2)");
+    fail(f.path(),
+         "architecture " + in_quotes(c.arch) + " is not supported (supported: llama, qwen2)");
   }
   if (const std::string* name = f.find_string("general.name")) c.name = *name;
   const std::string p = c.arch + ".";
@@ -976,33 +1068,39 @@ gguf_model_config gguf_read_model_config(const gguf_file& f) {
   c.rope_theta = static_cast<float>(f.find_f64(p + "rope.freq_base").value_or(10000.0));
 
   if (c.n_layers == 0 || c.hidden == 0 || c.n_heads == 0 || c.n_kv_heads == 0 || c.ffn == 0) {
-    fail(f.path(), "architecture " + in_quotes(c.arch) + ": block_count, embedding_length, feed_forward_length, "
-                   "head_count and head_count_kv must all be positive");
+    fail(f.path(), "architecture " + in_quotes(c.arch) +
+                       ": block_count, embedding_length, feed_forward_length, "
+                       "head_count and head_count_kv must all be positive");
   }
   if (c.n_heads % c.n_kv_heads != 0) {
-    fail(f.path(), "metadata key " + in_quotes(p + "attention.head_count_kv") + ": " + std::to_string(c.n_kv_heads) +
-                       " does not divide head_count " + std::to_string(c.n_heads));
+    fail(f.path(), "metadata key " + in_quotes(p + "attention.head_count_kv") + ": " +
+                       std::to_string(c.n_kv_heads) + " does not divide head_count " +
+                       std::to_string(c.n_heads));
   }
   if (const auto k = find_count(f, p + "attention.key_length")) {
     c.head_dim = *k;
     if (const auto v = find_count(f, p + "attention.value_length"); v && *v != *k) {
-      fail(f.path(), "attention.key_length " + std::to_string(*k) + " differs from attention.value_length " +
-                         std::to_string(*v) + ": not supported");
+      fail(f.path(), "attention.key_length " + std::to_string(*k) +
+                         " differs from attention.value_length " + std::to_string(*v) +
+                         ": not supported");
     }
   } else {
     if (c.hidden % c.n_heads != 0) {
-      fail(f.path(), "metadata key " + in_quotes(p + "embedding_length") + ": " + std::to_string(c.hidden) +
-                         " is not a multiple of head_count " + std::to_string(c.n_heads));
+      fail(f.path(), "metadata key " + in_quotes(p + "embedding_length") + ": " +
+                         std::to_string(c.hidden) + " is not a multiple of head_count " +
+                         std::to_string(c.n_heads));
     }
     c.head_dim = c.hidden / c.n_heads;
   }
   c.rope_dim = find_count(f, p + "rope.dimension_count").value_or(c.head_dim);
   if (c.rope_dim > c.head_dim || c.rope_dim % 2 != 0) {
-    fail(f.path(), "metadata key " + in_quotes(p + "rope.dimension_count") + ": " + std::to_string(c.rope_dim) +
-                       " must be even and at most head_dim " + std::to_string(c.head_dim));
+    fail(f.path(), "metadata key " + in_quotes(p + "rope.dimension_count") + ": " +
+                       std::to_string(c.rope_dim) + " must be even and at most head_dim " +
+                       std::to_string(c.head_dim));
   }
   if (!(c.rms_eps > 0.0f) || !std::isfinite(c.rms_eps)) {
-    fail(f.path(), "metadata key " + in_quotes(p + "attention.layer_norm_rms_epsilon") + " must be positive");
+    fail(f.path(),
+         "metadata key " + in_quotes(p + "attention.layer_norm_rms_epsilon") + " must be positive");
   }
   if (!(c.rope_theta > 0.0f) || !std::isfinite(c.rope_theta)) {
     fail(f.path(), "metadata key " + in_quotes(p + "rope.freq_base") + " must be positive");
@@ -1022,8 +1120,9 @@ gguf_model_config gguf_read_model_config(const gguf_file& f) {
   if (embd) {
     c.token_embd_type = embd->type;
     if (embd->shape.size() != 2 || embd->shape[0] != c.hidden || embd->shape[1] != c.vocab) {
-      fail(f.path(), "tensor 'token_embd.weight': shape " + shape_string(embd->shape) + ", expected [" +
-                         std::to_string(c.hidden) + ", " + std::to_string(c.vocab) + "] (embedding_length, vocab)");
+      fail(f.path(), "tensor 'token_embd.weight': shape " + shape_string(embd->shape) +
+                         ", expected [" + std::to_string(c.hidden) + ", " +
+                         std::to_string(c.vocab) + "] (embedding_length, vocab)");
     }
   } else if (!f.tensors().empty()) {
     fail(f.path(), "no tensor 'token_embd.weight'");
@@ -1038,12 +1137,14 @@ gguf_model_config gguf_read_model_config(const gguf_file& f) {
       s.type = *type;
       s.factor = static_cast<float>(f.find_f64(p + "rope.scaling.factor").value_or(1.0));
       s.original_context_length = f.find_u64(p + "rope.scaling.original_context_length");
-      if (const auto a = f.find_f64(p + "rope.scaling.attn_factor")) s.attn_factor = static_cast<float>(*a);
+      if (const auto a = f.find_f64(p + "rope.scaling.attn_factor"))
+        s.attn_factor = static_cast<float>(*a);
       s.finetuned = f.find_bool(p + "rope.scaling.finetuned").value_or(false);
       c.rope_scaling = std::move(s);
     }
   } else if (const auto linear = f.find_f64(p + "rope.scale_linear"); linear && *linear != 1.0) {
-    c.rope_scaling = gguf_rope_scaling{"linear", static_cast<float>(*linear), std::nullopt, std::nullopt, false};
+    c.rope_scaling =
+        gguf_rope_scaling{"linear", static_cast<float>(*linear), std::nullopt, std::nullopt, false};
   }
   return c;
 }
@@ -1057,8 +1158,9 @@ constexpr int32_t token_type_user_defined = 4;
 
 // llama-vocab.cpp: pre-tokenizers for which llama.cpp adds BOS unless add_bos_token says otherwise.
 bool default_add_bos(std::string_view pre) {
-  constexpr std::array<std::string_view, 10> with_bos{"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1",
-                                                      "pixtral", "midm-2.0", "lfm2", "tekken", "chameleon"};
+  constexpr std::array<std::string_view, 10> with_bos{
+      "llama3",  "llama-v3", "llama-bpe", "falcon3", "falcon-h1",
+      "pixtral", "midm-2.0", "lfm2",      "tekken",  "chameleon"};
   return std::find(with_bos.begin(), with_bos.end(), pre) != with_bos.end();
 }
 }  // namespace
@@ -1067,15 +1169,18 @@ tokenizer_spec gguf_read_tokenizer(const gguf_file& f) {
   const std::string& model = f.get_string("tokenizer.ggml.model");
   if (model != "gpt2") {
     fail(f.path(), "tokenizer model " + in_quotes(model) +
-                       " is not supported (metadata key 'tokenizer.ggml.model'; supported: gpt2, byte-level BPE)");
+                       " is not supported (metadata key 'tokenizer.ggml.model'; supported: gpt2, "
+                       "byte-level BPE)");
   }
   tokenizer_spec spec;
   const gguf_array& tokens = f.get_array("tokenizer.ggml.tokens");
   if (tokens.type != gguf_value_type::string) {
-    fail(f.path(), "metadata key 'tokenizer.ggml.tokens': expected an array of strings, found an array of " +
-                       std::string(gguf_value_type_name(tokens.type)));
+    fail(f.path(),
+         "metadata key 'tokenizer.ggml.tokens': expected an array of strings, found an array of " +
+             std::string(gguf_value_type_name(tokens.type)));
   }
-  if (tokens.items.empty()) fail(f.path(), "metadata key 'tokenizer.ggml.tokens': empty vocabulary");
+  if (tokens.items.empty())
+    fail(f.path(), "metadata key 'tokenizer.ggml.tokens': empty vocabulary");
   if (tokens.items.size() > static_cast<std::size_t>(std::numeric_limits<int32_t>::max())) {
     fail(f.path(), "metadata key 'tokenizer.ggml.tokens': too many tokens");
   }
@@ -1085,16 +1190,18 @@ tokenizer_spec gguf_read_tokenizer(const gguf_file& f) {
 
   if (const gguf_array* merges = f.find_array("tokenizer.ggml.merges")) {
     if (merges->type != gguf_value_type::string) {
-      fail(f.path(), "metadata key 'tokenizer.ggml.merges': expected an array of strings, found an array of " +
-                         std::string(gguf_value_type_name(merges->type)));
+      fail(
+          f.path(),
+          "metadata key 'tokenizer.ggml.merges': expected an array of strings, found an array of " +
+              std::string(gguf_value_type_name(merges->type)));
     }
     spec.merges.reserve(merges->items.size());
     for (std::size_t i = 0; i < merges->items.size(); ++i) {
       const auto& m = std::get<std::string>(merges->items[i].data);
       const auto space = m.find(' ');
       if (space == std::string::npos) {
-        fail(f.path(), "metadata key 'tokenizer.ggml.merges'[" + std::to_string(i) + "]: " + in_quotes(m) +
-                           " has no space between the two parts");
+        fail(f.path(), "metadata key 'tokenizer.ggml.merges'[" + std::to_string(i) +
+                           "]: " + in_quotes(m) + " has no space between the two parts");
       }
       spec.merges.emplace_back(m.substr(0, space), m.substr(space + 1));
     }
@@ -1102,12 +1209,14 @@ tokenizer_spec gguf_read_tokenizer(const gguf_file& f) {
 
   if (const gguf_array* types = f.find_array("tokenizer.ggml.token_type")) {
     if (types->items.size() != spec.vocab.size()) {
-      fail(f.path(), "metadata key 'tokenizer.ggml.token_type': " + std::to_string(types->items.size()) +
-                         " entries for " + std::to_string(spec.vocab.size()) + " tokens");
+      fail(f.path(),
+           "metadata key 'tokenizer.ggml.token_type': " + std::to_string(types->items.size()) +
+               " entries for " + std::to_string(spec.vocab.size()) + " tokens");
     }
     for (std::size_t id = 0; id < types->items.size(); ++id) {
       const int64_t type = types->items[id].as_i64("gguf: " + f.path().string() +
-                                                   ": metadata key 'tokenizer.ggml.token_type'[" + std::to_string(id) + "]");
+                                                   ": metadata key 'tokenizer.ggml.token_type'[" +
+                                                   std::to_string(id) + "]");
       if (type == token_type_control || type == token_type_user_defined) {
         tokenizer_spec::added_token a;
         a.id = static_cast<int32_t>(id);
@@ -1122,8 +1231,8 @@ tokenizer_spec gguf_read_tokenizer(const gguf_file& f) {
     const auto v = f.find_i64(key);
     if (!v) return std::nullopt;
     if (*v < 0 || *v >= n_vocab) {
-      fail(f.path(), "metadata key " + in_quotes(key) + ": token id " + std::to_string(*v) + " is outside the vocabulary (" +
-                         std::to_string(n_vocab) + " tokens)");
+      fail(f.path(), "metadata key " + in_quotes(key) + ": token id " + std::to_string(*v) +
+                         " is outside the vocabulary (" + std::to_string(n_vocab) + " tokens)");
     }
     return static_cast<int32_t>(*v);
   };
@@ -1132,8 +1241,10 @@ tokenizer_spec gguf_read_tokenizer(const gguf_file& f) {
 
   const std::string* pre = f.find_string("tokenizer.ggml.pre");
   spec.pre_tokenizer = pre ? *pre : "default";
-  spec.add_bos = f.find_bool("tokenizer.ggml.add_bos_token").value_or(default_add_bos(spec.pre_tokenizer));
-  if (const std::string* tmpl = f.find_string("tokenizer.chat_template")) spec.chat_template = *tmpl;
+  spec.add_bos =
+      f.find_bool("tokenizer.ggml.add_bos_token").value_or(default_add_bos(spec.pre_tokenizer));
+  if (const std::string* tmpl = f.find_string("tokenizer.chat_template"))
+    spec.chat_template = *tmpl;
   return spec;
 }
 

@@ -130,10 +130,10 @@ enum class ggml_type : uint32_t {
 /// Storage facts of one ggml type: `block_size` elements take `type_size` bytes.
 struct ggml_type_traits {
   ggml_type type;
-  std::string_view name;      // "F32", "Q4_K", ... (upper case, as llama.cpp prints them)
-  uint32_t block_size;        // elements per block
-  uint32_t type_size;         // bytes per block
-  bool dequantizable;         // duet::dequantize supports it
+  std::string_view name;  // "F32", "Q4_K", ... (upper case, as llama.cpp prints them)
+  uint32_t block_size;    // elements per block
+  uint32_t type_size;     // bytes per block
+  bool dequantizable;     // duet::dequantize supports it
 };
 
 /// Traits of a raw on-disk type id; nullptr when the id is not a ggml type.
@@ -157,7 +157,7 @@ struct gguf_tensor_info {
   std::string name;
   std::vector<uint64_t> shape;  // ggml order: shape[0] is the row length (contiguous); 0..4 dims
   ggml_type type = ggml_type::f32;
-  uint64_t offset = 0;          // from the start of the data section
+  uint64_t offset = 0;  // from the start of the data section
   uint64_t n_elements = 0;
   uint64_t n_bytes = 0;
 
@@ -271,7 +271,7 @@ void dequantize_row(const gguf_tensor& tensor, uint64_t row, std::span<float> ou
 
 /// Rope scaling declared in `<arch>.rope.scaling.*` (or the legacy `<arch>.rope.scale_linear`).
 struct gguf_rope_scaling {
-  std::string type;                               // "linear", "yarn", "longrope", ...
+  std::string type;  // "linear", "yarn", "longrope", ...
   float factor = 1.0f;
   std::optional<uint64_t> original_context_length;
   std::optional<float> attn_factor;
@@ -280,22 +280,22 @@ struct gguf_rope_scaling {
 
 /// The transformer shape of a llama- or qwen2-architecture GGUF.
 struct gguf_model_config {
-  std::string arch;            // general.architecture: "llama" or "qwen2"
-  std::string name;            // general.name, "" when absent
-  uint32_t n_layers = 0;       // <arch>.block_count
-  uint32_t hidden = 0;         // <arch>.embedding_length
-  uint32_t n_heads = 0;        // <arch>.attention.head_count
-  uint32_t n_kv_heads = 0;     // <arch>.attention.head_count_kv (default: n_heads)
-  uint32_t head_dim = 0;       // <arch>.attention.key_length (default: hidden / n_heads)
-  uint32_t ffn = 0;            // <arch>.feed_forward_length
-  uint32_t vocab = 0;          // <arch>.vocab_size, else the token count, else token_embd rows
-  uint32_t rope_dim = 0;       // <arch>.rope.dimension_count (default: head_dim)
-  float rope_theta = 10000.0f; // <arch>.rope.freq_base (default as llama.cpp: 10000)
-  float rms_eps = 0.0f;        // <arch>.attention.layer_norm_rms_epsilon
-  uint64_t context_length = 0; // <arch>.context_length
-  bool tied_embeddings = false;   // no output.weight tensor: the output reuses token_embd.weight
-  bool attn_qkv_bias = false;     // blk.0.attn_q.bias present (qwen2)
-  bool rope_freq_factors = false; // rope_freqs.weight present (how GGUF stores llama3 scaling)
+  std::string arch;                // general.architecture: "llama" or "qwen2"
+  std::string name;                // general.name, "" when absent
+  uint32_t n_layers = 0;           // <arch>.block_count
+  uint32_t hidden = 0;             // <arch>.embedding_length
+  uint32_t n_heads = 0;            // <arch>.attention.head_count
+  uint32_t n_kv_heads = 0;         // <arch>.attention.head_count_kv (default: n_heads)
+  uint32_t head_dim = 0;           // <arch>.attention.key_length (default: hidden / n_heads)
+  uint32_t ffn = 0;                // <arch>.feed_forward_length
+  uint32_t vocab = 0;              // <arch>.vocab_size, else the token count, else token_embd rows
+  uint32_t rope_dim = 0;           // <arch>.rope.dimension_count (default: head_dim)
+  float rope_theta = 10000.0f;     // <arch>.rope.freq_base (default as llama.cpp: 10000)
+  float rms_eps = 0.0f;            // <arch>.attention.layer_norm_rms_epsilon
+  uint64_t context_length = 0;     // <arch>.context_length
+  bool tied_embeddings = false;    // no output.weight tensor: the output reuses token_embd.weight
+  bool attn_qkv_bias = false;      // blk.0.attn_q.bias present (qwen2)
+  bool rope_freq_factors = false;  // rope_freqs.weight present (how GGUF stores llama3 scaling)
   std::optional<gguf_rope_scaling> rope_scaling;
   ggml_type token_embd_type = ggml_type::f32;
 };
@@ -308,7 +308,8 @@ struct gguf_model_config {
 /// tokens, merges split at the first space, added tokens from token_type (3 control = special,
 /// 4 user-defined = not special), bos/eos ids, add_bos_token (llama.cpp's default per
 /// pre-tokenizer when absent), tokenizer.ggml.pre ("default" when absent) and
-/// tokenizer.chat_template. Refuses other tokenizer models (SentencePiece "llama", ...), naming them.
+/// tokenizer.chat_template. Refuses other tokenizer models (SentencePiece "llama", ...), naming
+/// them.
 [[nodiscard]] tokenizer_spec gguf_read_tokenizer(const gguf_file& file);
 
 }  // namespace duet

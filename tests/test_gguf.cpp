@@ -2,6 +2,7 @@
 // made by independent tools (gguf-py, llama.cpp): tests/data/gguf/, made by
 // tests/tools/make_gguf_fixtures.py. docs/gguf.md explains the method and the tolerances.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -15,7 +16,6 @@
 #include <random>
 #include <stdexcept>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "runtime/gguf.hpp"
@@ -26,7 +26,8 @@ using nlohmann::json;
 namespace {
 
 const fs::path data_dir = fs::path(DUET_TEST_DATA) / "gguf";
-const fs::path model_path = fs::path(DUET_SOURCE_DIR) / "models" / "smollm2-135m-instruct-q4_1.gguf";
+const fs::path model_path =
+    fs::path(DUET_SOURCE_DIR) / "models" / "smollm2-135m-instruct-q4_1.gguf";
 
 json load_json(const fs::path& p) {
   std::ifstream in(p);
@@ -37,8 +38,8 @@ json load_json(const fs::path& p) {
 // Tests that need the real model fail (never pass silently) when it has not been fetched.
 void require_model() {
   if (!fs::exists(model_path)) {
-    FAIL("the SmolLM2 GGUF is missing at " << model_path.string()
-                                           << ": run scripts/fetch-model.sh (it downloads and verifies it)");
+    FAIL("the SmolLM2 GGUF is missing at "
+         << model_path.string() << ": run scripts/fetch-model.sh (it downloads and verifies it)");
   }
 }
 
@@ -50,11 +51,14 @@ std::vector<std::byte> from_hex(const std::string& hex) {
   return out;
 }
 
-uint32_t bits_of(float f) { return std::bit_cast<uint32_t>(f); }
+uint32_t bits_of(float f) {
+  return std::bit_cast<uint32_t>(f);
+}
 
 uint64_t weighted_sum(const std::vector<float>& v) {
   uint64_t total = 0;
-  for (std::size_t i = 0; i < v.size(); ++i) total += uint64_t{bits_of(v[i])} * (2 * uint64_t{i} + 1);
+  for (std::size_t i = 0; i < v.size(); ++i)
+    total += uint64_t{bits_of(v[i])} * (2 * uint64_t{i} + 1);
   return total;
 }
 
@@ -83,7 +87,8 @@ fs::path scratch_dir() {
 class scratch_file {
  public:
   explicit scratch_file(const std::string& tag)
-      : path_(scratch_dir() / ("duet_test_gguf_" + std::to_string(::getpid()) + "_" + tag + ".gguf")) {}
+      : path_(scratch_dir() /
+              ("duet_test_gguf_" + std::to_string(::getpid()) + "_" + tag + ".gguf")) {}
   ~scratch_file() {
     std::error_code ec;
     fs::remove(path_, ec);
@@ -107,17 +112,35 @@ std::string read_file(const fs::path& p) {
 // Little-endian GGUF byte builder for hand-made (often broken) files.
 struct gguf_bytes {
   std::string b;
-  gguf_bytes& raw(std::string_view s) { b.append(s); return *this; }
-  gguf_bytes& u8(uint8_t v) { b.push_back(static_cast<char>(v)); return *this; }
-  gguf_bytes& u32(uint32_t v) { for (int i = 0; i < 4; ++i) u8(static_cast<uint8_t>(v >> (8 * i))); return *this; }
-  gguf_bytes& u64(uint64_t v) { for (int i = 0; i < 8; ++i) u8(static_cast<uint8_t>(v >> (8 * i))); return *this; }
-  gguf_bytes& str(std::string_view s) { u64(s.size()); return raw(s); }
+  gguf_bytes& raw(std::string_view s) {
+    b.append(s);
+    return *this;
+  }
+  gguf_bytes& u8(uint8_t v) {
+    b.push_back(static_cast<char>(v));
+    return *this;
+  }
+  gguf_bytes& u32(uint32_t v) {
+    for (int i = 0; i < 4; ++i) u8(static_cast<uint8_t>(v >> (8 * i)));
+    return *this;
+  }
+  gguf_bytes& u64(uint64_t v) {
+    for (int i = 0; i < 8; ++i) u8(static_cast<uint8_t>(v >> (8 * i)));
+    return *this;
+  }
+  gguf_bytes& str(std::string_view s) {
+    u64(s.size());
+    return raw(s);
+  }
   gguf_bytes& header(uint64_t n_tensors, uint64_t n_kv, uint32_t version = 3) {
     return raw("GGUF").u32(version).u64(n_tensors).u64(n_kv);
   }
-  gguf_bytes& kv_string(std::string_view key, std::string_view value) { return str(key).u32(8).str(value); }
+  gguf_bytes& kv_string(std::string_view key, std::string_view value) {
+    return str(key).u32(8).str(value);
+  }
   gguf_bytes& kv_u32(std::string_view key, uint32_t value) { return str(key).u32(4).u32(value); }
-  gguf_bytes& tensor(std::string_view name, std::vector<uint64_t> shape, uint32_t type, uint64_t offset) {
+  gguf_bytes& tensor(std::string_view name, std::vector<uint64_t> shape, uint32_t type,
+                     uint64_t offset) {
     str(name).u32(static_cast<uint32_t>(shape.size()));
     for (auto d : shape) u64(d);
     return u32(type).u64(offset);
@@ -126,13 +149,20 @@ struct gguf_bytes {
     while (b.size() % alignment) u8(0);
     return *this;
   }
-  gguf_bytes& zeros(std::size_t n) { b.append(n, '\0'); return *this; }
+  gguf_bytes& zeros(std::size_t n) {
+    b.append(n, '\0');
+    return *this;
+  }
 };
 
 // One valid file: an architecture key and one F32 tensor [8] (32 bytes of data).
 std::string small_valid_file() {
   gguf_bytes g;
-  g.header(1, 1).kv_string("general.architecture", "duet_fixture").tensor("t", {8}, 0, 0).pad().zeros(32);
+  g.header(1, 1)
+      .kv_string("general.architecture", "duet_fixture")
+      .tensor("t", {8}, 0, 0)
+      .pad()
+      .zeros(32);
   return g.b;
 }
 
@@ -141,7 +171,8 @@ std::vector<int> byte_to_codepoint() {
   std::vector<int> map(256, -1);
   int next = 256;
   for (int b = 0; b < 256; ++b) {
-    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    const bool printable =
+        (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
     map[b] = printable ? b : next++;
   }
   return map;
@@ -155,11 +186,20 @@ std::string byte_level_decode(const std::string& token) {
     const auto c = static_cast<unsigned char>(token[i]);
     int cp = 0;
     int len = 1;
-    if (c < 0x80) { cp = c; }
-    else if ((c >> 5) == 6) { cp = c & 0x1F; len = 2; }
-    else if ((c >> 4) == 14) { cp = c & 0x0F; len = 3; }
-    else { cp = c & 0x07; len = 4; }
-    for (int k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(token[i + k]) & 0x3F);
+    if (c < 0x80) {
+      cp = c;
+    } else if ((c >> 5) == 6) {
+      cp = c & 0x1F;
+      len = 2;
+    } else if ((c >> 4) == 14) {
+      cp = c & 0x0F;
+      len = 3;
+    } else {
+      cp = c & 0x07;
+      len = 4;
+    }
+    for (int k = 1; k < len; ++k)
+      cp = (cp << 6) | (static_cast<unsigned char>(token[i + k]) & 0x3F);
     i += static_cast<std::size_t>(len);
     const auto it = std::find(forward.begin(), forward.end(), cp);
     REQUIRE_MESSAGE(it != forward.end(), "code point ", cp, " is not in the byte-level alphabet");
@@ -175,7 +215,8 @@ std::string detokenize(const duet::tokenizer_spec& spec, const std::vector<int32
     REQUIRE(static_cast<std::size_t>(id) < spec.vocab.size());
     const auto added = std::find_if(spec.added.begin(), spec.added.end(),
                                     [&](const auto& a) { return a.id == id; });
-    out += added != spec.added.end() ? added->content : byte_level_decode(spec.vocab[static_cast<std::size_t>(id)]);
+    out += added != spec.added.end() ? added->content
+                                     : byte_level_decode(spec.vocab[static_cast<std::size_t>(id)]);
   }
   return out;
 }
@@ -188,10 +229,16 @@ void check_value(const duet::gguf_value& v, const json& want, const std::string&
   const json& x = want.at("value");
   using t = duet::gguf_value_type;
   switch (v.type()) {
-    case t::u8: case t::u16: case t::u32: case t::u64:
+    case t::u8:
+    case t::u16:
+    case t::u32:
+    case t::u64:
       CHECK(v.as_u64() == x.get<uint64_t>());
       break;
-    case t::i8: case t::i16: case t::i32: case t::i64:
+    case t::i8:
+    case t::i16:
+    case t::i32:
+    case t::i64:
       CHECK(v.as_i64() == x.get<int64_t>());
       break;
     case t::f32:
@@ -223,7 +270,8 @@ void check_value(const duet::gguf_value& v, const json& want, const std::string&
 // Checks one dequant_reference.json entry against `file`.
 void check_dequant_entry(const duet::gguf_file& file, const json& entry) {
   const std::string name = entry.at("tensor");
-  INFO("file ", file.path().string(), " tensor ", name, " (", entry.at("type").get<std::string>(), ")");
+  INFO("file ", file.path().string(), " tensor ", name, " (", entry.at("type").get<std::string>(),
+       ")");
   const duet::gguf_tensor t = file.tensor(name);
   CHECK(std::string(duet::ggml_type_name(t.info->type)) == entry.at("type").get<std::string>());
   CHECK(t.info->shape == entry.at("shape").get<std::vector<uint64_t>>());
@@ -245,8 +293,8 @@ void check_dequant_entry(const duet::gguf_file& file, const json& entry) {
     for (std::size_t i = 0; i < n; ++i) {
       if (bits_of(got[i]) != want[i]) {
         if (++mismatches <= 5) {
-          MESSAGE("element ", first + i, ": got ", got[i], " (0x", std::hex, bits_of(got[i]), ") want 0x", want[i],
-                  std::dec);
+          MESSAGE("element ", first + i, ": got ", got[i], " (0x", std::hex, bits_of(got[i]),
+                  ") want 0x", want[i], std::dec);
         }
       }
     }
@@ -282,7 +330,7 @@ TEST_CASE("ggml type table has ggml's block sizes and names") {
   CHECK(duet::ggml_type_get(ggml_type::q6_k).type_size == 210);
   CHECK(duet::ggml_type_get(ggml_type::bf16).type_size == 2);
   CHECK(duet::ggml_type_name(ggml_type::iq2_xxs) == "IQ2_XXS");
-  CHECK(duet::ggml_type_find(4) == nullptr);   // Q4_2, removed from ggml
+  CHECK(duet::ggml_type_find(4) == nullptr);  // Q4_2, removed from ggml
   CHECK(duet::ggml_type_find(40) == nullptr);
   CHECK(duet::ggml_type_bytes(ggml_type::q4_k, 512) == 288);
   CHECK_THROWS_AS((void)duet::ggml_type_bytes(ggml_type::q4_0, 33), std::runtime_error);
@@ -299,11 +347,13 @@ TEST_CASE("fp16 and bf16 convert to float exactly, for every bit pattern") {
         CHECK(got == (negative ? -INFINITY : INFINITY));
       } else {
         CHECK(std::isnan(got));
-        CHECK(bits_of(got) == (((h & 0x8000u) << 16) | 0x7F800000u | (mant << 13)));  // payload kept
+        CHECK(bits_of(got) ==
+              (((h & 0x8000u) << 16) | 0x7F800000u | (mant << 13)));  // payload kept
       }
       continue;
     }
-    const double magnitude = exp == 0 ? std::ldexp(mant, -24) : std::ldexp(1024 + mant, static_cast<int>(exp) - 25);
+    const double magnitude =
+        exp == 0 ? std::ldexp(mant, -24) : std::ldexp(1024 + mant, static_cast<int>(exp) - 25);
     const double want = negative ? -magnitude : magnitude;
     if (static_cast<double>(got) != want || std::signbit(got) != negative) {
       FAIL_CHECK("fp16 0x" << std::hex << h << ": got " << got << " want " << want);
@@ -325,7 +375,8 @@ TEST_CASE("every supported tensor type dequantizes bit for bit as gguf-py does (
     types.push_back(entry.at("type"));
   }
   std::sort(types.begin(), types.end());
-  CHECK(types == std::vector<std::string>{"BF16", "F16", "F32", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "Q8_0"});
+  CHECK(types ==
+        std::vector<std::string>{"BF16", "F16", "F32", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "Q8_0"});
 }
 
 TEST_CASE("the SmolLM2 file's F32, Q8_0 and Q4_1 tensors dequantize bit for bit as gguf-py does") {
@@ -341,7 +392,8 @@ TEST_CASE("the SmolLM2 file's F32, Q8_0 and Q4_1 tensors dequantize bit for bit 
   CHECK(checked == 5);
 }
 
-TEST_CASE("metadata of every value type, nested arrays and general.alignment read back as written") {
+TEST_CASE(
+    "metadata of every value type, nested arrays and general.alignment read back as written") {
   const json ref = load_json(data_dir / "metadata_reference.json").at("synth_metadata.gguf");
   const duet::gguf_file f(data_dir / "synth_metadata.gguf");
   CHECK(f.version() == 3);
@@ -364,9 +416,11 @@ TEST_CASE("metadata of every value type, nested arrays and general.alignment rea
   CHECK(f.find_u64("no.such.key") == std::nullopt);
   CHECK(f.find_string("no.such.key") == nullptr);
   CHECK(contains(message_of([&] { (void)f.get_u64("duet.i8"); }), "metadata key 'duet.i8'"));
-  CHECK(contains(message_of([&] { (void)f.get_string("duet.u8"); }), "expected a string, found uint8"));
+  CHECK(contains(message_of([&] { (void)f.get_string("duet.u8"); }),
+                 "expected a string, found uint8"));
   CHECK(contains(message_of([&] { (void)f.get_i64("duet.u64"); }), "does not fit int64"));
-  CHECK(contains(message_of([&] { (void)f.at("no.such.key"); }), "missing metadata key 'no.such.key'"));
+  CHECK(contains(message_of([&] { (void)f.at("no.such.key"); }),
+                 "missing metadata key 'no.such.key'"));
   CHECK(contains(message_of([&] { (void)f.at("no.such.key"); }), "synth_metadata.gguf"));
   CHECK(f.at("duet.array_nested").to_string() == "[[1, 2], [3], [4, 5, 6]]");
 
@@ -380,9 +434,12 @@ TEST_CASE("metadata of every value type, nested arrays and general.alignment rea
   CHECK(duet::dequantize(f.tensor("first")) == std::vector<float>{0, 1, 2});
   const std::vector<float> second = duet::dequantize(f.tensor("second"));
   REQUIRE(second.size() == 10);
-  for (int i = 0; i < 10; ++i) CHECK(second[static_cast<std::size_t>(i)] == 0.5f * static_cast<float>(i));
-  CHECK(duet::dequantize_rows(f.tensor("second"), 1, 1) == std::vector<float>{2.5f, 3, 3.5f, 4, 4.5f});
-  CHECK(contains(message_of([&] { (void)duet::dequantize_rows(f.tensor("second"), 1, 2); }), "out of range"));
+  for (int i = 0; i < 10; ++i)
+    CHECK(second[static_cast<std::size_t>(i)] == 0.5f * static_cast<float>(i));
+  CHECK(duet::dequantize_rows(f.tensor("second"), 1, 1) ==
+        std::vector<float>{2.5f, 3, 3.5f, 4, 4.5f});
+  CHECK(contains(message_of([&] { (void)duet::dequantize_rows(f.tensor("second"), 1, 2); }),
+                 "out of range"));
   CHECK(contains(message_of([&] { (void)f.tensor("nope"); }), "no tensor 'nope'"));
 }
 
@@ -448,11 +505,14 @@ TEST_CASE("the SmolLM2 tokenizer spec agrees with llama.cpp") {
     CHECK(detokenize(spec, item.at("ids").get<std::vector<int32_t>>()) == text);
   }
   for (const json& chat : ref.at("chat")) {
-    CHECK(detokenize(spec, chat.at("prompt_ids").get<std::vector<int32_t>>()) == chat.at("rendered").get<std::string>());
+    CHECK(detokenize(spec, chat.at("prompt_ids").get<std::vector<int32_t>>()) ==
+          chat.at("rendered").get<std::string>());
   }
 }
 
-TEST_CASE("a qwen2 file maps to config and tokenizer, with rope scaling, q bias and user-defined tokens") {
+TEST_CASE(
+    "a qwen2 file maps to config and tokenizer, with rope scaling, q bias and user-defined "
+    "tokens") {
   const json ref = load_json(data_dir / "metadata_reference.json").at("synth_qwen2.gguf");
   const duet::gguf_file f(data_dir / "synth_qwen2.gguf");
   const json& w = ref.at("config");
@@ -476,7 +536,8 @@ TEST_CASE("a qwen2 file maps to config and tokenizer, with rope scaling, q bias 
   REQUIRE(c.rope_scaling.has_value());
   CHECK(c.rope_scaling->type == w.at("rope_scaling").at("type").get<std::string>());
   CHECK(c.rope_scaling->factor == w.at("rope_scaling").at("factor").get<float>());
-  CHECK(c.rope_scaling->original_context_length == w.at("rope_scaling").at("original_context_length").get<uint64_t>());
+  CHECK(c.rope_scaling->original_context_length ==
+        w.at("rope_scaling").at("original_context_length").get<uint64_t>());
 
   const json& tw = ref.at("tokenizer");
   const duet::tokenizer_spec spec = duet::gguf_read_tokenizer(f);
@@ -509,13 +570,18 @@ TEST_CASE("an unsupported architecture or tokenizer model is refused by name") {
 
   scratch_file s("spm");
   gguf_bytes g;
-  g.header(0, 2).kv_string("general.architecture", "llama").kv_string("tokenizer.ggml.model", "llama");
+  g.header(0, 2)
+      .kv_string("general.architecture", "llama")
+      .kv_string("tokenizer.ggml.model", "llama");
   const duet::gguf_file spm(s.write(g.b));
-  CHECK(contains(message_of([&] { (void)duet::gguf_read_tokenizer(spm); }), "tokenizer model 'llama' is not supported"));
-  CHECK(contains(message_of([&] { (void)duet::gguf_read_model_config(spm); }), "missing metadata key 'llama.block_count'"));
+  CHECK(contains(message_of([&] { (void)duet::gguf_read_tokenizer(spm); }),
+                 "tokenizer model 'llama' is not supported"));
+  CHECK(contains(message_of([&] { (void)duet::gguf_read_model_config(spm); }),
+                 "missing metadata key 'llama.block_count'"));
 }
 
-TEST_CASE("a tensor type outside the supported list is parsed but refused at dequantization, by name") {
+TEST_CASE(
+    "a tensor type outside the supported list is parsed but refused at dequantization, by name") {
   scratch_file s("q5k");
   gguf_bytes g;
   g.header(1, 0).tensor("blk.0.ffn_up.weight", {256, 2}, 13 /* Q5_K */, 0).pad().zeros(2 * 176);
@@ -523,7 +589,8 @@ TEST_CASE("a tensor type outside the supported list is parsed but refused at deq
   REQUIRE(f.tensors().size() == 1);
   CHECK(f.tensors()[0].type == duet::ggml_type::q5_k);
   CHECK(f.tensors()[0].n_bytes == 352);
-  const std::string msg = message_of([&] { (void)duet::dequantize(f.tensor("blk.0.ffn_up.weight")); });
+  const std::string msg =
+      message_of([&] { (void)duet::dequantize(f.tensor("blk.0.ffn_up.weight")); });
   CHECK(contains(msg, "tensor type Q5_K is not supported"));
   CHECK(contains(msg, "blk.0.ffn_up.weight"));
 }
@@ -540,7 +607,8 @@ TEST_CASE("malformed files are refused with errors naming the file and the culpr
     const std::string e = error_of("GGU");
     CHECK(contains(e, file));
     CHECK(contains(e, "truncated"));
-    CHECK(contains(error_of(std::string("GGUF\x03\0\0\0\x01\0", 10)), "header (tensor count): truncated"));
+    CHECK(contains(error_of(std::string("GGUF\x03\0\0\0\x01\0", 10)),
+                   "header (tensor count): truncated"));
   }
   SUBCASE("bad magic") {
     gguf_bytes g;
@@ -639,7 +707,8 @@ TEST_CASE("malformed files are refused with errors naming the file and the culpr
     CHECK(contains(error_of(rows.b), "tensor 't': type Q4_0 needs rows that are a multiple of 32"));
     gguf_bytes misaligned;
     misaligned.header(1, 0).tensor("t", {8}, 0, 4).pad().zeros(64);
-    CHECK(contains(error_of(misaligned.b), "tensor 't': data offset 4 is not a multiple of the alignment 32"));
+    CHECK(contains(error_of(misaligned.b),
+                   "tensor 't': data offset 4 is not a multiple of the alignment 32"));
     gguf_bytes overflow;
     overflow.header(1, 0).tensor("t", {uint64_t{1} << 40, uint64_t{1} << 40}, 0, 0).pad();
     CHECK(contains(error_of(overflow.b), "tensor 't': shape"));
@@ -661,7 +730,8 @@ TEST_CASE("every truncation and random corruption of a real file throws or parse
         duet::gguf_file f(s.path());
       } catch (const std::runtime_error& e) {
         threw = true;
-        if (!contains(e.what(), s.path().filename().string())) FAIL_CHECK("no file name in: " << e.what());
+        if (!contains(e.what(), s.path().filename().string()))
+          FAIL_CHECK("no file name in: " << e.what());
       }
       if (!threw && n < whole.data_offset()) FAIL_CHECK("a cut at " << n << " bytes parsed");
     }
