@@ -135,20 +135,38 @@ std::vector<tick> finalize_axis(axis_spec& a) {
     a.hi = 1;
   }
   if (a.log) {
+    // Bounds snap to the 1-2-5 sequence around the data; gridlines at every 1..9 x 10^k,
+    // labels at 1, 2 and 5 x 10^k when the axis spans at most three decades, else at 10^k,
+    // and always at both ends.
     a.lo = std::max(a.lo, 1e-12);
     if (!(a.hi > a.lo)) a.hi = a.lo * 10;
+    auto snap = [](double v, bool up) {
+      const double base = std::pow(10.0, std::floor(std::log10(v) + 1e-9));
+      const double steps[] = {1, 2, 5, 10};
+      if (up) {
+        for (double m : steps) {
+          if (base * m >= v * (1 - 1e-9)) return base * m;
+        }
+        return base * 10;
+      }
+      for (int k = 2; k >= 0; --k) {
+        if (base * steps[k] <= v * (1 + 1e-9)) return base * steps[k];
+      }
+      return base;
+    };
+    a.lo = snap(a.lo, false);
+    a.hi = snap(a.hi, true);
+    if (!(a.hi > a.lo)) a.hi = a.lo * 2;
     const int d_lo = static_cast<int>(std::floor(std::log10(a.lo) + 1e-9));
-    int d_hi = static_cast<int>(std::ceil(std::log10(a.hi) - 1e-9));
-    if (d_hi <= d_lo) d_hi = d_lo + 1;
-    a.lo = std::pow(10.0, d_lo);
-    a.hi = std::pow(10.0, d_hi);
-    const bool label_125 = d_hi - d_lo <= 2;
+    const int d_hi = static_cast<int>(std::floor(std::log10(a.hi) + 1e-9));
+    const bool label_125 = std::log10(a.hi / a.lo) <= 3.0 + 1e-9;
     for (int d = d_lo; d <= d_hi; ++d) {
       const double base = std::pow(10.0, d);
       for (int m = 1; m <= 9; ++m) {
-        if (d == d_hi && m > 1) break;
         const double v = base * m;
-        const bool labelled = m == 1 || (label_125 && (m == 2 || m == 5));
+        if (v < a.lo * (1 - 1e-9) || v > a.hi * (1 + 1e-9)) continue;
+        const bool at_end = std::abs(v / a.lo - 1) < 1e-9 || std::abs(v / a.hi - 1) < 1e-9;
+        const bool labelled = m == 1 || at_end || (label_125 && (m == 2 || m == 5));
         std::string label;
         if (labelled) {
           label = a.format == tick_format::duration ? format_duration(v)
@@ -385,7 +403,7 @@ class svg_plot {
   int width_ = 640;
   int height_ = 400;
   int left_ = 70;
-  int right_ = 18;
+  int right_ = 30;
   int bottom_ = 48;
   double top_ = 60;
   double last_px_ = 0;
@@ -459,7 +477,7 @@ axis_spec latency_axis(const std::vector<const std::vector<double>*>& sets, doub
     a.hi = 1e-3;
     return a;
   }
-  if (std::isfinite(lo_ref) && mx / lo_ref > 100) {
+  if (std::isfinite(lo_ref) && mx / lo_ref > 20) {
     a.log = true;
     a.lo = std::max(min_pos, mx / 1e6);
     a.hi = mx;
@@ -585,8 +603,12 @@ th, td { padding: 5px 14px; border-bottom: 1px solid #e6e6e6; text-align: right;
          font-variant-numeric: tabular-nums; white-space: nowrap; }
 th:first-child, td:first-child { text-align: left; color: #333; }
 thead th { background: #eef1f5; font-weight: 600; }
-tr.group td { background: #fafbfc; font-weight: 600; color: #444; }
+h3 { font-size: 15px; margin: 22px 0 8px; }
+tbody.metric th { text-align: left; vertical-align: top; background: #fafbfc; font-weight: 600;
+                  border-right: 1px solid #e6e6e6; }
+tbody.metric tr:last-child td, tbody.metric tr:last-child th { border-bottom: 2px solid #cfd5dd; }
 td.best { font-weight: 700; }
+.scroll { overflow-x: auto; max-width: 100%; }
 .swatch { display: inline-block; width: 12px; height: 12px; border-radius: 2px;
           margin-right: 6px; vertical-align: -1px; }
 .grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(560px, 1fr)); gap: 16px; }
@@ -594,12 +616,26 @@ figure { margin: 0; background: #fff; padding: 8px; box-shadow: 0 1px 2px rgba(0
 figure svg { display: block; width: 100%; height: auto; }
 )css";
 
-struct table_row {
-  std::string label;
-  std::vector<double> values;  // one per run; NaN prints "-"
-  std::string (*format)(double);
-  int better = 0;  // -1 lower is better, +1 higher is better, 0 no highlight
-};
+std::string swatch(size_t run_index) {
+  return "<span class=\"swatch\" style=\"background:" + run_color(run_index) + "\"></span>";
+}
+
+/// One <td> per run value of a column, the best one bold when there are several runs.
+/// better: -1 lower is better, +1 higher is better, 0 no highlight. NaN prints "-".
+std::vector<std::string> column_cells(const std::vector<double>& values,
+                                      std::string (*format)(double), int better) {
+  double best = better < 0 ? inf : -inf;
+  for (double v : values) {
+    if (!std::isnan(v)) best = better < 0 ? std::min(best, v) : std::max(best, v);
+  }
+  std::vector<std::string> cells;
+  for (double v : values) {
+    const bool is_best = better != 0 && values.size() > 1 && !std::isnan(v) && v == best;
+    cells.push_back(std::string(is_best ? "<td class=\"best\">" : "<td>") +
+                    (std::isnan(v) ? std::string("-") : format(v)) + "</td>");
+  }
+  return cells;
+}
 
 std::string fmt_count(double v) { return printf_string("%.0f", v); }
 std::string fmt_2f(double v) { return printf_string("%.2f", v); }
@@ -607,69 +643,72 @@ std::string fmt_1f(double v) { return printf_string("%.1f", v); }
 std::string fmt_pct(double v) { return printf_string("%.1f%%", 100.0 * v); }
 std::string fmt_ms(double v) { return format_ms(v); }
 
+/// Two tables: requests and throughput (one row per run), then latency (one block of rows
+/// per metric, one row per run, percentiles across).
 std::string summary_table_html(std::span<const report_run> runs) {
-  std::string h = "<table>\n<thead><tr><th></th>";
-  for (size_t i = 0; i < runs.size(); ++i) {
-    h += "<th><span class=\"swatch\" style=\"background:" + run_color(i) + "\"></span>" +
-         html_escape(runs[i].name) + "</th>";
-  }
+  using column = std::tuple<const char*, double (*)(const latency_summary&),
+                            std::string (*)(double), int>;
+  const column request_columns[] = {
+      {"completed", [](const latency_summary& s) { return double(s.completed); }, fmt_count, 0},
+      {"failed", [](const latency_summary& s) { return double(s.failed); }, fmt_count, -1},
+      {"duration (s)", [](const latency_summary& s) { return s.duration_s; }, fmt_2f, 0},
+      {"throughput (req/s)", [](const latency_summary& s) { return s.request_throughput; },
+       fmt_2f, 1},
+      {"output tokens/s", [](const latency_summary& s) { return s.output_token_throughput; },
+       fmt_1f, 1},
+      {"goodput (req/s)", [](const latency_summary& s) { return s.goodput; }, fmt_2f, 1},
+      {"SLO attainment", [](const latency_summary& s) { return s.slo_attainment; }, fmt_pct,
+       1}};
+  std::string h = "<div class=\"scroll\"><table>\n<thead><tr><th>run</th>";
+  for (const auto& c : request_columns) h += "<th>" + std::string(std::get<0>(c)) + "</th>";
   h += "</tr></thead>\n<tbody>\n";
-  auto values = [&](auto&& get) {
+  std::vector<std::vector<std::string>> cells;  // [column][run]
+  for (const auto& [title, get, format, better] : request_columns) {
     std::vector<double> v;
     for (const auto& run : runs) v.push_back(get(run.summary));
-    return v;
-  };
-  auto emit = [&](const table_row& row) {
-    h += "<tr><td>" + html_escape(row.label) + "</td>";
-    double best = row.better < 0 ? inf : -inf;
-    for (double v : row.values) {
-      if (std::isnan(v)) continue;
-      best = row.better < 0 ? std::min(best, v) : std::max(best, v);
-    }
-    for (double v : row.values) {
-      const bool is_best = row.better != 0 && runs.size() > 1 && !std::isnan(v) && v == best;
-      h += is_best ? "<td class=\"best\">" : "<td>";
-      h += std::isnan(v) ? std::string("-") : row.format(v);
-      h += "</td>";
-    }
-    h += "</tr>\n";
-  };
-  auto group = [&](const std::string& label) {
-    h += "<tr class=\"group\"><td colspan=\"" + std::to_string(runs.size() + 1) + "\">" +
-         html_escape(label) + "</td></tr>\n";
-  };
-  group("Requests");
-  emit({"completed", values([](const auto& s) { return double(s.completed); }), fmt_count, 0});
-  emit({"failed", values([](const auto& s) { return double(s.failed); }), fmt_count, -1});
-  emit({"duration (s)", values([](const auto& s) { return s.duration_s; }), fmt_2f, 0});
-  emit({"throughput (req/s)", values([](const auto& s) { return s.request_throughput; }),
-        fmt_2f, 1});
-  emit({"output tokens/s", values([](const auto& s) { return s.output_token_throughput; }),
-        fmt_1f, 1});
-  emit({"goodput (req/s)", values([](const auto& s) { return s.goodput; }), fmt_2f, 1});
-  emit({"SLO attainment", values([](const auto& s) { return s.slo_attainment; }), fmt_pct, 1});
-  const std::pair<const char*, percentile_summary latency_summary::*> metrics[] = {
-      {"TTFT (ms)", &latency_summary::ttft_s},
-      {"TPOT (ms)", &latency_summary::tpot_s},
-      {"ITL (ms)", &latency_summary::itl_s},
-      {"E2E latency (ms)", &latency_summary::e2e_s}};
-  for (const auto& [title, member] : metrics) {
-    group(title);
-    const std::pair<const char*, double percentile_summary::*> stats[] = {
-        {"mean", &percentile_summary::mean},
-        {"P50", &percentile_summary::p50},
-        {"P90", &percentile_summary::p90},
-        {"P99", &percentile_summary::p99},
-        {"max", &percentile_summary::max}};
-    for (const auto& [stat, field] : stats) {
-      emit({stat, values([&](const latency_summary& s) {
-              const percentile_summary& p = s.*member;
-              return p.count == 0 ? nan : p.*field;
-            }),
-            fmt_ms, -1});
-    }
+    cells.push_back(column_cells(v, format, better));
   }
-  h += "</tbody>\n</table>\n";
+  for (size_t i = 0; i < runs.size(); ++i) {
+    h += "<tr><td>" + swatch(i) + html_escape(runs[i].name) + "</td>";
+    for (const auto& column_cells : cells) h += column_cells[i];
+    h += "</tr>\n";
+  }
+  h += "</tbody>\n</table></div>\n";
+
+  h += "<h3>Latency (ms)</h3>\n<div class=\"scroll\"><table>\n<thead><tr><th>metric</th><th>run</th><th>mean</th>"
+       "<th>P50</th><th>P90</th><th>P99</th><th>max</th><th>samples</th></tr></thead>\n";
+  const std::pair<const char*, percentile_summary latency_summary::*> metrics[] = {
+      {"TTFT", &latency_summary::ttft_s},
+      {"TPOT", &latency_summary::tpot_s},
+      {"ITL", &latency_summary::itl_s},
+      {"E2E", &latency_summary::e2e_s}};
+  const double percentile_summary::*stats[] = {
+      &percentile_summary::mean, &percentile_summary::p50, &percentile_summary::p90,
+      &percentile_summary::p99, &percentile_summary::max};
+  for (const auto& [metric, member] : metrics) {
+    h += "<tbody class=\"metric\">\n";
+    cells.clear();
+    for (const auto field : stats) {
+      std::vector<double> v;
+      for (const auto& run : runs) {
+        const percentile_summary& p = run.summary.*member;
+        v.push_back(p.count == 0 ? nan : p.*field);
+      }
+      cells.push_back(column_cells(v, fmt_ms, -1));
+    }
+    for (size_t i = 0; i < runs.size(); ++i) {
+      h += "<tr>";
+      if (i == 0) {
+        h += "<th scope=\"rowgroup\" rowspan=\"" + std::to_string(runs.size()) + "\">" + metric +
+             "</th>";
+      }
+      h += "<td>" + swatch(i) + html_escape(runs[i].name) + "</td>";
+      for (const auto& column_cells : cells) h += column_cells[i];
+      h += "<td>" + std::to_string((runs[i].summary.*member).count) + "</td></tr>\n";
+    }
+    h += "</tbody>\n";
+  }
+  h += "</table></div>\n";
   return h;
 }
 
@@ -748,7 +787,7 @@ std::string render_report_html(std::span<const report_run> runs,
        "linearly between closest ranks. TTFT = first token \u2212 arrival; TPOT = (E2E \u2212 "
        "TTFT) / (output tokens \u2212 1) per request; ITL = every gap between consecutive "
        "tokens; goodput = completed requests meeting the SLO per second; SLO attainment counts "
-       "failed requests as misses. Best value per row in bold.";
+       "failed requests as misses. The best run per column is in bold.";
   if (!fails.empty()) h += " Failures: " + html_escape(fails) + ".";
   h += "</p>\n</section>\n";
 
