@@ -549,44 +549,55 @@ void normalize_valid(std::string_view s, normal_form form, std::string& out) {
   std::free(result);
 }
 
-// True when `s` needs no change; otherwise writes the normalized text to `out`. Bytes that are
-// not valid UTF-8 are kept as they are, and the valid runs around them are normalized.
+// True when `s` needs no change; otherwise writes the normalized text to `out`. Normalization
+// is local: the text can be cut before any inert character (canonical combining class 0,
+// quick check Yes), so only the stretches around other characters go through utf8proc, from
+// the inert character before them to the one after. Bytes that are not valid UTF-8 are kept
+// as they are and cut the text too.
 bool normalize_into(std::string_view s, normal_form form, std::string& out) {
   if (form == normal_form::none) return true;
-  bool inert = true;
-  for (std::size_t i = 0; i < s.size() && inert;) {
-    const auto b = static_cast<uint8_t>(s[i]);
-    if (b < 0x80) {
-      ++i;
-      continue;
-    }
-    const utf8_step st = utf8_next(s.substr(i));
-    if (st.kind != utf8_step::valid) {
-      inert = false;
-      break;
-    }
-    inert = form == normal_form::nfc ? nfc_inert(st.cp) : st.cp < 0xA0;
-    i += st.length;
-  }
-  if (inert) return true;
-  out.clear();
-  std::size_t run = 0;
-  for (std::size_t i = 0; i < s.size();) {
+  const auto inert = [form](uint32_t cp) {
+    return form == normal_form::nfc ? nfc_inert(cp) : cp < 0xA0;
+  };
+  std::size_t copied = 0;    // s[0, copied) is in `out` already
+  std::size_t boundary = 0;  // a cut point at or before the current character
+  bool changed = false;
+  std::size_t i = 0;
+  while (i < s.size()) {
     if (static_cast<uint8_t>(s[i]) < 0x80) {
-      ++i;
+      boundary = i++;
       continue;
     }
-    const utf8_step st = utf8_next(s.substr(i));
-    if (st.kind == utf8_step::valid) {
+    utf8_step st = utf8_next(s.substr(i));
+    if (st.kind == utf8_step::valid && inert(st.cp)) {
+      boundary = i;
       i += st.length;
       continue;
     }
-    normalize_valid(s.substr(run, i - run), form, out);
-    out.append(s.substr(i, st.length));
-    i += st.length;
-    run = i;
+    if (!changed) {
+      out.clear();
+      changed = true;
+    }
+    if (st.kind != utf8_step::valid) {  // keep invalid bytes; they end any stretch
+      out.append(s.substr(copied, i - copied));
+      out.append(s.substr(i, st.length));
+      i += st.length;
+      copied = boundary = i;
+      continue;
+    }
+    std::size_t j = i + st.length;  // end of the stretch: the next inert or invalid character
+    while (j < s.size()) {
+      if (static_cast<uint8_t>(s[j]) < 0x80) break;
+      st = utf8_next(s.substr(j));
+      if (st.kind != utf8_step::valid || inert(st.cp)) break;
+      j += st.length;
+    }
+    out.append(s.substr(copied, boundary - copied));
+    normalize_valid(s.substr(boundary, j - boundary), form, out);
+    copied = boundary = i = j;
   }
-  normalize_valid(s.substr(run), form, out);
+  if (!changed) return true;
+  out.append(s.substr(copied));
   return false;
 }
 
