@@ -5,9 +5,8 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
-#include <stdexcept>
-
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 
 namespace duet {
 
@@ -86,8 +85,10 @@ percentile_summary summarize_samples(std::span<const double> samples, percentile
 
 std::string_view to_string(percentile_method method) {
   switch (method) {
-    case percentile_method::linear: return "linear";
-    case percentile_method::nearest_rank: return "nearest_rank";
+    case percentile_method::linear:
+      return "linear";
+    case percentile_method::nearest_rank:
+      return "nearest_rank";
   }
   return "unknown";
 }
@@ -108,7 +109,7 @@ latency_histogram::latency_histogram(std::vector<double> upper_bounds)
 }
 
 std::vector<double> latency_histogram::default_latency_buckets_s() {
-  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,  0.25,
           0.5,   1.0,    2.5,   5.0,  10.0,  25.0, 50.0, 100.0};
 }
 
@@ -281,7 +282,9 @@ std::vector<double> request_record::token_times_s() const {
   return t;
 }
 
-bool latency_slo::limits_anything() const { return std::isfinite(ttft_s) || std::isfinite(tpot_s); }
+bool latency_slo::limits_anything() const {
+  return std::isfinite(ttft_s) || std::isfinite(tpot_s);
+}
 
 bool meets_slo(const request_record& record, const latency_slo& slo) {
   if (!record.succeeded()) return false;
@@ -336,8 +339,7 @@ latency_summary summarize_impl(std::span<const request_record> records, const la
   if (s.duration_s > 0) {
     s.request_throughput = static_cast<double>(s.completed) / s.duration_s;
     s.output_token_throughput = static_cast<double>(s.output_tokens) / s.duration_s;
-    s.total_token_throughput =
-        static_cast<double>(s.input_tokens + s.output_tokens) / s.duration_s;
+    s.total_token_throughput = static_cast<double>(s.input_tokens + s.output_tokens) / s.duration_s;
     s.goodput = static_cast<double>(s.good) / s.duration_s;
   }
   if (s.requests > 0) {
@@ -427,8 +429,7 @@ std::string format_summary_table(const latency_summary& s, std::string_view titl
                        s.duration_s);
   if (s.failed > 0) out += "failures    " + failures_phrase(s) + "\n";
   out += printf_string("throughput  %.2f req/s, %.1f output tok/s, %.1f total tok/s\n",
-                       s.request_throughput, s.output_token_throughput,
-                       s.total_token_throughput);
+                       s.request_throughput, s.output_token_throughput, s.total_token_throughput);
   out += "SLO         " + slo_phrase(s.slo) + "\n";
   out += printf_string("goodput     %.2f req/s (%.1f%% of requests meet the SLO)\n", s.goodput,
                        100.0 * s.slo_attainment);
@@ -454,8 +455,7 @@ std::string format_summary_table(const latency_summary& s, std::string_view titl
   return out;
 }
 
-std::string format_comparison_table(
-    std::span<const std::pair<std::string, latency_summary>> runs) {
+std::string format_comparison_table(std::span<const std::pair<std::string, latency_summary>> runs) {
   constexpr size_t name_w = 24, min_col_w = 12;
   std::vector<size_t> widths;
   for (const auto& [name, s] : runs) widths.push_back(std::max(min_col_w, name.size() + 2));
@@ -579,8 +579,8 @@ void from_json(const nlohmann::json& j, latency_summary& s) {
   } else if (method == "nearest_rank") {
     s.method = percentile_method::nearest_rank;
   } else {
-    throw nlohmann::json::other_error::create(
-        501, "unknown percentile_method \"" + method + "\"", &j);
+    throw nlohmann::json::other_error::create(501, "unknown percentile_method \"" + method + "\"",
+                                              &j);
   }
   j.at("ttft_s").get_to(s.ttft_s);
   j.at("tpot_s").get_to(s.tpot_s);

@@ -17,14 +17,13 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 namespace duet {
 
@@ -72,8 +71,7 @@ class latency_histogram {
   [[nodiscard]] static std::vector<double> exponential_buckets(double start, double factor,
                                                                size_t count);
   /// start, start+width, ..., count bounds. Requires width > 0.
-  [[nodiscard]] static std::vector<double> linear_buckets(double start, double width,
-                                                          size_t count);
+  [[nodiscard]] static std::vector<double> linear_buckets(double start, double width, size_t count);
 
   /// Records one sample. NaN is dropped (and counted in dropped()); ±Inf lands in the
   /// first or the +Inf bucket and makes sum() infinite, as in Prometheus.
@@ -151,19 +149,19 @@ struct latency_slo {
 
 /// Everything `summarize` reports about one run.
 struct latency_summary {
-  size_t requests = 0;   // records summarized
-  size_t completed = 0;  // outcome == "ok"
-  size_t failed = 0;     // any other outcome
+  size_t requests = 0;                     // records summarized
+  size_t completed = 0;                    // outcome == "ok"
+  size_t failed = 0;                       // any other outcome
   std::map<std::string, size_t> outcomes;  // count per outcome string, "ok" included
-  double duration_s = 0;  // last finish - first arrival, or the duration passed in
-  uint64_t input_tokens = 0;   // prompt tokens of completed requests
-  uint64_t output_tokens = 0;  // output tokens of completed requests
-  double request_throughput = 0;       // completed requests / s
-  double output_token_throughput = 0;  // output tokens of completed requests / s
-  double total_token_throughput = 0;   // (prompt + output) tokens of completed requests / s
+  double duration_s = 0;                   // last finish - first arrival, or the duration passed in
+  uint64_t input_tokens = 0;               // prompt tokens of completed requests
+  uint64_t output_tokens = 0;              // output tokens of completed requests
+  double request_throughput = 0;           // completed requests / s
+  double output_token_throughput = 0;      // output tokens of completed requests / s
+  double total_token_throughput = 0;       // (prompt + output) tokens of completed requests / s
   latency_slo slo;
-  size_t good = 0;         // completed requests meeting the SLO
-  double goodput = 0;      // good / duration_s (requests / s), DistServe's goodput
+  size_t good = 0;            // completed requests meeting the SLO
+  double goodput = 0;         // good / duration_s (requests / s), DistServe's goodput
   double slo_attainment = 0;  // good / requests (failed requests count as misses)
   percentile_method method = percentile_method::linear;
   percentile_summary ttft_s;  // completed requests with a first token

@@ -6,12 +6,11 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <string_view>
 #include <tuple>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 #include "runtime/version.hpp"
 
@@ -41,12 +40,23 @@ std::string html_escape(std::string_view s) {
   out.reserve(s.size());
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -92,7 +102,9 @@ std::string format_ms(double seconds) {
 
 const char* const palette[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7",
                                "#E69F00", "#56B4E9", "#555555", "#B8860B"};
-std::string run_color(size_t i) { return palette[i % std::size(palette)]; }
+std::string run_color(size_t i) {
+  return palette[i % std::size(palette)];
+}
 
 // ---------------------------------------------------------------------------- axes
 
@@ -282,52 +294,57 @@ class svg_plot {
     top_ = y_cursor + 14 + rows * 18;
     const double bottom = height_ - bottom_;
     const double right = width_ - right_;
-    s += printf_string("<clipPath id=\"clip%zu\"><rect x=\"%d\" y=\"%.1f\" width=\"%.1f\" "
-                       "height=\"%.1f\"/></clipPath>\n",
-                       id, left_, top_ - 2, right - left_ + 2, bottom - top_ + 4);
+    s += printf_string(
+        "<clipPath id=\"clip%zu\"><rect x=\"%d\" y=\"%.1f\" width=\"%.1f\" "
+        "height=\"%.1f\"/></clipPath>\n",
+        id, left_, top_ - 2, right - left_ + 2, bottom - top_ + 4);
     // Grid and tick labels.
     for (const auto& t : xt) {
       const double px = map_x(t.value);
-      s += printf_string(
-          "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\"/>\n", px, top_,
-          px, bottom, t.label.empty() ? "#f3f3f3" : "#e2e2e2");
+      s += printf_string("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\"/>\n",
+                         px, top_, px, bottom, t.label.empty() ? "#f3f3f3" : "#e2e2e2");
       if (!t.label.empty()) {
-        s += printf_string("<text x=\"%.1f\" y=\"%.1f\" font-size=\"11.5\" fill=\"#444\" "
-                           "text-anchor=\"middle\">%s</text>\n",
-                           px, bottom + 17, html_escape(t.label).c_str());
+        s += printf_string(
+            "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11.5\" fill=\"#444\" "
+            "text-anchor=\"middle\">%s</text>\n",
+            px, bottom + 17, html_escape(t.label).c_str());
       }
     }
     for (const auto& t : yt) {
       const double py = map_y(t.value);
-      s += printf_string(
-          "<line x1=\"%d\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\"/>\n", left_, py,
-          right, py, t.label.empty() ? "#f3f3f3" : "#e2e2e2");
+      s += printf_string("<line x1=\"%d\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\"/>\n",
+                         left_, py, right, py, t.label.empty() ? "#f3f3f3" : "#e2e2e2");
       if (!t.label.empty()) {
-        s += printf_string("<text x=\"%d\" y=\"%.1f\" font-size=\"11.5\" fill=\"#444\" "
-                           "text-anchor=\"end\" dominant-baseline=\"middle\">%s</text>\n",
-                           left_ - 7, py, html_escape(t.label).c_str());
+        s += printf_string(
+            "<text x=\"%d\" y=\"%.1f\" font-size=\"11.5\" fill=\"#444\" "
+            "text-anchor=\"end\" dominant-baseline=\"middle\">%s</text>\n",
+            left_ - 7, py, html_escape(t.label).c_str());
       }
     }
     for (const auto& g : guides) {
       const double py = map_y(g.y);
-      s += printf_string("<line x1=\"%d\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#999\" "
-                         "stroke-dasharray=\"2 3\"/>\n",
-                         left_, py, right, py);
-      s += printf_string("<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"#777\" "
-                         "text-anchor=\"end\">%s</text>\n",
-                         right - 3, py - 3, html_escape(g.label).c_str());
+      s += printf_string(
+          "<line x1=\"%d\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#999\" "
+          "stroke-dasharray=\"2 3\"/>\n",
+          left_, py, right, py);
+      s += printf_string(
+          "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"#777\" "
+          "text-anchor=\"end\">%s</text>\n",
+          right - 3, py - 3, html_escape(g.label).c_str());
     }
     // Axes.
     s += printf_string("<line x1=\"%d\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n",
                        left_, bottom, right, bottom);
     s += printf_string("<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#333\"/>\n",
                        left_, top_, left_, bottom);
-    s += printf_string("<text x=\"%.1f\" y=\"%d\" font-size=\"12.5\" fill=\"#222\" "
-                       "text-anchor=\"middle\">%s</text>\n",
-                       (left_ + right) / 2.0, height_ - 10, html_escape(x_.title).c_str());
-    s += printf_string("<text transform=\"translate(16 %.1f) rotate(-90)\" font-size=\"12.5\" "
-                       "fill=\"#222\" text-anchor=\"middle\">%s</text>\n",
-                       (top_ + bottom) / 2.0, html_escape(y_.title).c_str());
+    s += printf_string(
+        "<text x=\"%.1f\" y=\"%d\" font-size=\"12.5\" fill=\"#222\" "
+        "text-anchor=\"middle\">%s</text>\n",
+        (left_ + right) / 2.0, height_ - 10, html_escape(x_.title).c_str());
+    s += printf_string(
+        "<text transform=\"translate(16 %.1f) rotate(-90)\" font-size=\"12.5\" "
+        "fill=\"#222\" text-anchor=\"middle\">%s</text>\n",
+        (top_ + bottom) / 2.0, html_escape(y_.title).c_str());
     // Data.
     bool any = false;
     s += printf_string("<g clip-path=\"url(#clip%zu)\" fill=\"none\" stroke-linejoin=\"round\">\n",
@@ -363,18 +380,21 @@ class svg_plot {
     }
     for (const auto& m : markers) {
       const double px = map_x(m.x);
-      s += printf_string("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#B00020\" "
-                         "stroke-width=\"1.5\" stroke-dasharray=\"5 4\"/>\n",
-                         px, top_, px, bottom);
-      s += printf_string("<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"#B00020\" "
-                         "stroke=\"none\">%s</text>\n",
-                         px + 4, top_ + 12, html_escape(m.label).c_str());
+      s += printf_string(
+          "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#B00020\" "
+          "stroke-width=\"1.5\" stroke-dasharray=\"5 4\"/>\n",
+          px, top_, px, bottom);
+      s += printf_string(
+          "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"#B00020\" "
+          "stroke=\"none\">%s</text>\n",
+          px + 4, top_ + 12, html_escape(m.label).c_str());
     }
     s += "</g>\n";
     if (!any) {
-      s += printf_string("<text x=\"%.1f\" y=\"%.1f\" font-size=\"14\" fill=\"#888\" "
-                         "text-anchor=\"middle\">no data</text>\n",
-                         (left_ + right) / 2.0, (top_ + bottom) / 2.0);
+      s += printf_string(
+          "<text x=\"%.1f\" y=\"%.1f\" font-size=\"14\" fill=\"#888\" "
+          "text-anchor=\"middle\">no data</text>\n",
+          (left_ + right) / 2.0, (top_ + bottom) / 2.0);
     }
     s += "</svg>\n";
     return s;
@@ -449,8 +469,8 @@ std::vector<std::pair<double, double>> cdf_points(const std::vector<double>& sor
   constexpr size_t m = 500;
   pts.emplace_back(sorted[0], 0.0);
   for (size_t j = 0; j <= m; ++j) {
-    const size_t idx = static_cast<size_t>(std::llround(static_cast<double>(j) *
-                                                        static_cast<double>(n - 1) / m));
+    const size_t idx =
+        static_cast<size_t>(std::llround(static_cast<double>(j) * static_cast<double>(n - 1) / m));
     pts.emplace_back(sorted[idx], static_cast<double>(idx + 1) / dn);
   }
   return pts;
@@ -514,8 +534,7 @@ binned_p50_p99(std::vector<std::vector<double>>& bins, double bin_s) {
 }
 
 /// Keeps at most about 2·columns points: the first, min and max of each x column, the last.
-std::vector<std::pair<double, double>> decimate(const time_series& ts, double t0,
-                                                size_t columns) {
+std::vector<std::pair<double, double>> decimate(const time_series& ts, double t0, size_t columns) {
   std::vector<std::pair<double, double>> pts;
   const size_t n = std::min(ts.t_s.size(), ts.values.size());
   if (n <= 2 * columns) {
@@ -538,7 +557,8 @@ std::vector<std::pair<double, double>> decimate(const time_series& ts, double t0
     if (b != a) pts.emplace_back(ts.t_s[b] - t0, ts.values[b]);
     i = j;
   }
-  if (pts.back().first != ts.t_s[n - 1] - t0) pts.emplace_back(ts.t_s[n - 1] - t0, ts.values[n - 1]);
+  if (pts.back().first != ts.t_s[n - 1] - t0)
+    pts.emplace_back(ts.t_s[n - 1] - t0, ts.values[n - 1]);
   return pts;
 }
 
@@ -637,28 +657,37 @@ std::vector<std::string> column_cells(const std::vector<double>& values,
   return cells;
 }
 
-std::string fmt_count(double v) { return printf_string("%.0f", v); }
-std::string fmt_2f(double v) { return printf_string("%.2f", v); }
-std::string fmt_1f(double v) { return printf_string("%.1f", v); }
-std::string fmt_pct(double v) { return printf_string("%.1f%%", 100.0 * v); }
-std::string fmt_ms(double v) { return format_ms(v); }
+std::string fmt_count(double v) {
+  return printf_string("%.0f", v);
+}
+std::string fmt_2f(double v) {
+  return printf_string("%.2f", v);
+}
+std::string fmt_1f(double v) {
+  return printf_string("%.1f", v);
+}
+std::string fmt_pct(double v) {
+  return printf_string("%.1f%%", 100.0 * v);
+}
+std::string fmt_ms(double v) {
+  return format_ms(v);
+}
 
 /// Two tables: requests and throughput (one row per run), then latency (one block of rows
 /// per metric, one row per run, percentiles across).
 std::string summary_table_html(std::span<const report_run> runs) {
-  using column = std::tuple<const char*, double (*)(const latency_summary&),
-                            std::string (*)(double), int>;
+  using column =
+      std::tuple<const char*, double (*)(const latency_summary&), std::string (*)(double), int>;
   const column request_columns[] = {
       {"completed", [](const latency_summary& s) { return double(s.completed); }, fmt_count, 0},
       {"failed", [](const latency_summary& s) { return double(s.failed); }, fmt_count, -1},
       {"duration (s)", [](const latency_summary& s) { return s.duration_s; }, fmt_2f, 0},
-      {"throughput (req/s)", [](const latency_summary& s) { return s.request_throughput; },
-       fmt_2f, 1},
+      {"throughput (req/s)", [](const latency_summary& s) { return s.request_throughput; }, fmt_2f,
+       1},
       {"output tokens/s", [](const latency_summary& s) { return s.output_token_throughput; },
        fmt_1f, 1},
       {"goodput (req/s)", [](const latency_summary& s) { return s.goodput; }, fmt_2f, 1},
-      {"SLO attainment", [](const latency_summary& s) { return s.slo_attainment; }, fmt_pct,
-       1}};
+      {"SLO attainment", [](const latency_summary& s) { return s.slo_attainment; }, fmt_pct, 1}};
   std::string h = "<div class=\"scroll\"><table>\n<thead><tr><th>run</th>";
   for (const auto& c : request_columns) h += "<th>" + std::string(std::get<0>(c)) + "</th>";
   h += "</tr></thead>\n<tbody>\n";
@@ -675,16 +704,17 @@ std::string summary_table_html(std::span<const report_run> runs) {
   }
   h += "</tbody>\n</table></div>\n";
 
-  h += "<h3>Latency (ms)</h3>\n<div class=\"scroll\"><table>\n<thead><tr><th>metric</th><th>run</th><th>mean</th>"
+  h += "<h3>Latency (ms)</h3>\n<div "
+       "class=\"scroll\"><table>\n<thead><tr><th>metric</th><th>run</th><th>mean</th>"
        "<th>P50</th><th>P90</th><th>P99</th><th>max</th><th>samples</th></tr></thead>\n";
   const std::pair<const char*, percentile_summary latency_summary::*> metrics[] = {
       {"TTFT", &latency_summary::ttft_s},
       {"TPOT", &latency_summary::tpot_s},
       {"ITL", &latency_summary::itl_s},
       {"E2E", &latency_summary::e2e_s}};
-  const double percentile_summary::*stats[] = {
-      &percentile_summary::mean, &percentile_summary::p50, &percentile_summary::p90,
-      &percentile_summary::p99, &percentile_summary::max};
+  const double percentile_summary::*stats[] = {&percentile_summary::mean, &percentile_summary::p50,
+                                               &percentile_summary::p90, &percentile_summary::p99,
+                                               &percentile_summary::max};
   for (const auto& [metric, member] : metrics) {
     h += "<tbody class=\"metric\">\n";
     cells.clear();
@@ -753,15 +783,18 @@ report_run make_report_run(std::string name, std::vector<request_record> records
 }
 
 std::vector<std::string> report_plot_titles(std::span<const report_run> runs) {
-  std::vector<std::string> titles = {"TTFT CDF",       "TPOT CDF",      "ITL CDF",
-                                     "E2E latency CDF", "TTFT over time", "ITL over time",
+  std::vector<std::string> titles = {"TTFT CDF",
+                                     "TPOT CDF",
+                                     "ITL CDF",
+                                     "E2E latency CDF",
+                                     "TTFT over time",
+                                     "ITL over time",
                                      "Request rate over time"};
   for (auto& name : series_names(runs)) titles.push_back(std::move(name));
   return titles;
 }
 
-std::string render_report_html(std::span<const report_run> runs,
-                               const report_options& options) {
+std::string render_report_html(std::span<const report_run> runs, const report_options& options) {
   const auto titles = report_plot_titles(runs);
   std::vector<run_samples> samples;
   samples.reserve(runs.size());
@@ -775,10 +808,11 @@ std::string render_report_html(std::span<const report_run> runs,
   h += "<title>" + html_escape(options.title) + "</title>\n<style>" + std::string(page_css) +
        "</style>\n</head>\n<body>\n";
   h += "<header><h1>" + html_escape(options.title) + "</h1>\n";
-  if (!options.subtitle.empty()) h += "<p class=\"sub\">" + html_escape(options.subtitle) + "</p>\n";
-  h += "<p class=\"sub\">" + std::to_string(runs.size()) +
-       (runs.size() == 1 ? " run" : " runs") + " \u00b7 SLO: " + html_escape(slo_text(slo)) +
-       " \u00b7 generated by duet " + std::string(version_string) + "</p></header>\n";
+  if (!options.subtitle.empty())
+    h += "<p class=\"sub\">" + html_escape(options.subtitle) + "</p>\n";
+  h += "<p class=\"sub\">" + std::to_string(runs.size()) + (runs.size() == 1 ? " run" : " runs") +
+       " \u00b7 SLO: " + html_escape(slo_text(slo)) + " \u00b7 generated by duet " +
+       std::string(version_string) + "</p></header>\n";
 
   // Summary.
   h += "<section>\n<h2>Summary</h2>\n" + summary_table_html(runs);
@@ -1008,8 +1042,7 @@ void write_requests_csv(std::ostream& out, std::span<const report_run> runs) {
       } else {
         out << ',';
       }
-      out << ',' << csv_field(r.outcome) << ',' << (meets_slo(r, run.summary.slo) ? 1 : 0)
-          << '\n';
+      out << ',' << csv_field(r.outcome) << ',' << (meets_slo(r, run.summary.slo) ? 1 : 0) << '\n';
     }
   }
 }

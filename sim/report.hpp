@@ -11,12 +11,11 @@
 #include <cstddef>
 #include <filesystem>
 #include <iosfwd>
+#include <nlohmann/json_fwd.hpp>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "runtime/latency_stats.hpp"
 
@@ -24,8 +23,8 @@ namespace duet {
 
 /// A quantity sampled over time during a run, on the records' clock.
 struct time_series {
-  std::string name;  // plot title; series of equal name from different runs share a plot
-  std::string unit;  // y-axis label, e.g. "requests", "blocks", "fraction busy"
+  std::string name;            // plot title; series of equal name from different runs share a plot
+  std::string unit;            // y-axis label, e.g. "requests", "blocks", "fraction busy"
   std::vector<double> t_s;     // sample times, ascending
   std::vector<double> values;  // same length as t_s
 };

@@ -8,12 +8,11 @@
 #include <cstdio>
 #include <fstream>
 #include <istream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <ostream>
 #include <random>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "runtime/latency_stats.hpp"
 
@@ -75,10 +74,10 @@ bool fixed_digits(std::string_view s, size_t pos, size_t digits, int& out) {
 /// offset is given; otherwise the time as written, which only matters relative to itself).
 bool parse_timestamp_ns(std::string_view s, int64_t& out) {
   int y, mo, d, h, mi, sec;
-  if (!fixed_digits(s, 0, 4, y) || s.size() < 19 || s[4] != '-' ||
-      !fixed_digits(s, 5, 2, mo) || s[7] != '-' || !fixed_digits(s, 8, 2, d) ||
-      (s[10] != ' ' && s[10] != 'T') || !fixed_digits(s, 11, 2, h) || s[13] != ':' ||
-      !fixed_digits(s, 14, 2, mi) || s[16] != ':' || !fixed_digits(s, 17, 2, sec)) {
+  if (!fixed_digits(s, 0, 4, y) || s.size() < 19 || s[4] != '-' || !fixed_digits(s, 5, 2, mo) ||
+      s[7] != '-' || !fixed_digits(s, 8, 2, d) || (s[10] != ' ' && s[10] != 'T') ||
+      !fixed_digits(s, 11, 2, h) || s[13] != ':' || !fixed_digits(s, 14, 2, mi) || s[16] != ':' ||
+      !fixed_digits(s, 17, 2, sec)) {
     return false;
   }
   const std::chrono::year_month_day ymd{std::chrono::year{y},
@@ -126,9 +125,8 @@ std::ifstream open_input(const std::filesystem::path& file) {
 /// Stable-sorts by arrival and shifts the first arrival to t = 0.
 void normalize_arrivals(std::vector<trace_request>& trace) {
   if (trace.empty()) return;
-  if (!std::is_sorted(trace.begin(), trace.end(), [](const auto& a, const auto& b) {
-        return a.arrival_s < b.arrival_s;
-      })) {
+  if (!std::is_sorted(trace.begin(), trace.end(),
+                      [](const auto& a, const auto& b) { return a.arrival_s < b.arrival_s; })) {
     std::stable_sort(trace.begin(), trace.end(),
                      [](const auto& a, const auto& b) { return a.arrival_s < b.arrival_s; });
   }
@@ -179,9 +177,9 @@ std::vector<trace_request> parse_azure_csv(std::istream& in, const std::string& 
     if (trim(line).empty()) continue;
     const auto fields = split_csv(line);
     if (fields.size() != columns) {
-      fail_at(source_name, line_no,
-              "expected " + std::to_string(columns) + " columns, got " +
-                  std::to_string(fields.size()));
+      fail_at(
+          source_name, line_no,
+          "expected " + std::to_string(columns) + " columns, got " + std::to_string(fields.size()));
     }
     int64_t ns = 0;
     if (!parse_timestamp_ns(fields[col_time], ns)) {
@@ -201,8 +199,7 @@ std::vector<trace_request> parse_azure_csv(std::istream& in, const std::string& 
                   "\" (want a non-negative integer)");
     }
     stamps.push_back(ns);
-    trace.push_back({0.0, static_cast<uint32_t>(in_tokens), static_cast<uint32_t>(out_tokens),
-                     {}});
+    trace.push_back({0.0, static_cast<uint32_t>(in_tokens), static_cast<uint32_t>(out_tokens), {}});
   }
   if (in.bad()) fail_at(source_name, line_no, "read error");
   if (!stamps.empty()) {
@@ -246,8 +243,7 @@ uint64_t json_count(const nlohmann::json& obj, const char* key, const std::strin
 
 }  // namespace
 
-std::vector<trace_request> parse_mooncake_jsonl(std::istream& in,
-                                                const std::string& source_name) {
+std::vector<trace_request> parse_mooncake_jsonl(std::istream& in, const std::string& source_name) {
   std::vector<trace_request> trace;
   std::string line;
   size_t line_no = 0;
@@ -420,7 +416,8 @@ void check_lengths(const length_distribution& d, const char* which) {
         throw trace_error(name + " length: fixed value must be >= 0");
       }
       break;
-    case length_distribution::shape::uniform: break;
+    case length_distribution::shape::uniform:
+      break;
     case length_distribution::shape::lognormal:
       if (!(d.mean > 0) || !std::isfinite(d.mean) || !(d.cv >= 0) || !std::isfinite(d.cv)) {
         throw trace_error(name + " length: lognormal needs mean > 0 and cv >= 0");
@@ -432,7 +429,9 @@ void check_lengths(const length_distribution& d, const char* which) {
 uint32_t draw_length(const length_distribution& d, portable_rng& rng) {
   double v = 0;
   switch (d.kind) {
-    case length_distribution::shape::fixed: v = d.mean; break;
+    case length_distribution::shape::fixed:
+      v = d.mean;
+      break;
     case length_distribution::shape::uniform:
       return static_cast<uint32_t>(rng.uniform_int(d.min, d.max));
     case length_distribution::shape::lognormal: {
@@ -450,7 +449,8 @@ uint32_t draw_length(const length_distribution& d, portable_rng& rng) {
 }  // namespace
 
 std::vector<trace_request> generate_synthetic_trace(const synthetic_trace_params& p) {
-  if (!(p.rate > 0) || !std::isfinite(p.rate)) throw trace_error("synthetic trace: rate must be > 0");
+  if (!(p.rate > 0) || !std::isfinite(p.rate))
+    throw trace_error("synthetic trace: rate must be > 0");
   if (p.count == 0 && !(p.duration_s > 0)) {
     throw trace_error("synthetic trace: set a request count or a duration > 0");
   }
@@ -490,9 +490,15 @@ std::vector<trace_request> generate_synthetic_trace(const synthetic_trace_params
     r.output_tokens = draw_length(p.output, output_rng);
     trace.push_back(std::move(r));
     switch (p.process) {
-      case arrival_process::poisson: clock += arrivals_rng.exponential(p.rate); break;
-      case arrival_process::gamma: clock += arrivals_rng.gamma(gamma_shape) * gamma_scale; break;
-      case arrival_process::on_off: clock += arrivals_rng.exponential(burst_rate); break;
+      case arrival_process::poisson:
+        clock += arrivals_rng.exponential(p.rate);
+        break;
+      case arrival_process::gamma:
+        clock += arrivals_rng.gamma(gamma_shape) * gamma_scale;
+        break;
+      case arrival_process::on_off:
+        clock += arrivals_rng.exponential(burst_rate);
+        break;
     }
   }
   return trace;
@@ -524,19 +530,19 @@ std::vector<trace_request> limit_count(std::vector<trace_request> trace, size_t 
   return trace;
 }
 
-std::vector<trace_request> clip_to_context(std::vector<trace_request> trace,
-                                           uint32_t max_context, uint32_t hash_block_tokens) {
+std::vector<trace_request> clip_to_context(std::vector<trace_request> trace, uint32_t max_context,
+                                           uint32_t hash_block_tokens) {
   for (auto& r : trace) {
     const uint64_t total = static_cast<uint64_t>(r.input_tokens) + r.output_tokens;
     if (total <= max_context) continue;
     const uint32_t room_for_input =
         r.output_tokens >= max_context ? 0u : max_context - r.output_tokens;
     r.input_tokens = std::max(1u, std::min(r.input_tokens, room_for_input));
-    r.output_tokens = std::min(r.output_tokens,
-                               max_context > r.input_tokens ? max_context - r.input_tokens : 0u);
+    r.output_tokens =
+        std::min(r.output_tokens, max_context > r.input_tokens ? max_context - r.input_tokens : 0u);
     if (hash_block_tokens > 0) {
-      const size_t blocks = (static_cast<size_t>(r.input_tokens) + hash_block_tokens - 1) /
-                            hash_block_tokens;
+      const size_t blocks =
+          (static_cast<size_t>(r.input_tokens) + hash_block_tokens - 1) / hash_block_tokens;
       if (r.prefix_hashes.size() > blocks) r.prefix_hashes.resize(blocks);
     }
   }
@@ -601,27 +607,24 @@ std::string format_trace_stats(const trace_stats& s) {
                 "requests     %zu over %.1f s (%.3f req/s, inter-arrival CV %.2f)\n"
                 "input len    mean %.1f, P50 %.0f, P99 %.0f, max %u\n"
                 "output len   mean %.1f, P50 %.0f, P99 %.0f, max %u\n",
-                s.count, s.duration_s, s.mean_rate, s.interarrival_cv, s.input_mean,
-                s.input_p50, s.input_p99, s.input_max, s.output_mean, s.output_p50,
-                s.output_p99, s.output_max);
+                s.count, s.duration_s, s.mean_rate, s.interarrival_cv, s.input_mean, s.input_p50,
+                s.input_p99, s.input_max, s.output_mean, s.output_p50, s.output_p99, s.output_max);
   return buf;
 }
 
 void to_json(nlohmann::json& j, const trace_stats& s) {
-  j = nlohmann::json{{"count", s.count},
-                     {"duration_s", s.duration_s},
-                     {"mean_rate_rps", s.mean_rate},
-                     {"interarrival_cv", s.interarrival_cv},
-                     {"input_tokens",
-                      {{"mean", s.input_mean},
-                       {"p50", s.input_p50},
-                       {"p99", s.input_p99},
-                       {"max", s.input_max}}},
-                     {"output_tokens",
-                      {{"mean", s.output_mean},
-                       {"p50", s.output_p50},
-                       {"p99", s.output_p99},
-                       {"max", s.output_max}}}};
+  j = nlohmann::json{
+      {"count", s.count},
+      {"duration_s", s.duration_s},
+      {"mean_rate_rps", s.mean_rate},
+      {"interarrival_cv", s.interarrival_cv},
+      {"input_tokens",
+       {{"mean", s.input_mean}, {"p50", s.input_p50}, {"p99", s.input_p99}, {"max", s.input_max}}},
+      {"output_tokens",
+       {{"mean", s.output_mean},
+        {"p50", s.output_p50},
+        {"p99", s.output_p99},
+        {"max", s.output_max}}}};
 }
 
 }  // namespace duet

@@ -12,20 +12,19 @@
 #include <filesystem>
 #include <iosfwd>
 #include <limits>
+#include <nlohmann/json_fwd.hpp>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
-
 namespace duet {
 
 /// One request of a trace.
 struct trace_request {
-  double arrival_s = 0;        // seconds since the trace's first arrival
-  uint32_t input_tokens = 0;   // prompt length
-  uint32_t output_tokens = 0;  // tokens to generate
+  double arrival_s = 0;                 // seconds since the trace's first arrival
+  uint32_t input_tokens = 0;            // prompt length
+  uint32_t output_tokens = 0;           // tokens to generate
   std::vector<uint64_t> prefix_hashes;  // one id per prefix block (Mooncake: 512 tokens);
                                         // equal leading ids mean a shareable KV prefix
 };
@@ -81,8 +80,7 @@ struct length_distribution {
   [[nodiscard]] static length_distribution fixed(uint32_t tokens);
   [[nodiscard]] static length_distribution uniform(uint32_t lo, uint32_t hi);
   [[nodiscard]] static length_distribution lognormal(
-      double mean, double cv, uint32_t lo = 1,
-      uint32_t hi = std::numeric_limits<uint32_t>::max());
+      double mean, double cv, uint32_t lo = 1, uint32_t hi = std::numeric_limits<uint32_t>::max());
 };
 
 /// How arrivals are spaced.
@@ -99,9 +97,9 @@ enum class arrival_process : uint8_t {
 /// when count is 0 (at least one of them must be set).
 struct synthetic_trace_params {
   arrival_process process = arrival_process::poisson;
-  double rate = 1.0;  // long-run mean requests per second, > 0
-  double cv = 1.0;    // gamma: coefficient of variation of inter-arrival times, > 0
-  double on_s = 1.0;  // on_off: burst length
+  double rate = 1.0;   // long-run mean requests per second, > 0
+  double cv = 1.0;     // gamma: coefficient of variation of inter-arrival times, > 0
+  double on_s = 1.0;   // on_off: burst length
   double off_s = 1.0;  // on_off: silence between bursts
   size_t count = 0;
   double duration_s = 0;
@@ -143,7 +141,7 @@ struct trace_transform {
   double window_start_s = 0;
   double window_duration_s = std::numeric_limits<double>::infinity();
   double rate_scale = 1.0;
-  size_t max_requests = 0;  // 0 = all
+  size_t max_requests = 0;   // 0 = all
   uint32_t max_context = 0;  // 0 = no clipping
 };
 [[nodiscard]] std::vector<trace_request> apply_transform(std::vector<trace_request> trace,

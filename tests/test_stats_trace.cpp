@@ -7,12 +7,11 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "runtime/latency_stats.hpp"
 #include "sim/report.hpp"
@@ -300,8 +299,7 @@ TEST_CASE("the summary table shows every metric in milliseconds within 80 column
   std::istringstream lines(table);
   for (std::string line; std::getline(lines, line);) CHECK(line.size() <= 80);
 
-  const std::vector<std::pair<std::string, latency_summary>> runs = {{"colocated", s},
-                                                                     {"1P1D", s}};
+  const std::vector<std::pair<std::string, latency_summary>> runs = {{"colocated", s}, {"1P1D", s}};
   const std::string cmp = format_comparison_table(runs);
   CHECK(contains(cmp, "colocated"));
   CHECK(contains(cmp, "1P1D"));
@@ -310,7 +308,8 @@ TEST_CASE("the summary table shows every metric in milliseconds within 80 column
 }
 
 TEST_CASE("the summary JSON carries every field and reads back unchanged") {
-  const auto s = summarize(crafted_records(), latency_slo{0.25, std::numeric_limits<double>::infinity()});
+  const auto s =
+      summarize(crafted_records(), latency_slo{0.25, std::numeric_limits<double>::infinity()});
   const nlohmann::json j = to_json(s);
   const auto parsed = nlohmann::json::parse(j.dump());
   CHECK(parsed["completed"] == 3);
@@ -369,8 +368,8 @@ TEST_CASE("the Azure loader finds columns by name and accepts CRLF, offsets and 
 }
 
 TEST_CASE("a malformed Azure row is reported with its file and line") {
-  const std::string err = error_of<trace_error>(
-      [] { (void)load_azure_csv(fixtures / "azure_malformed.csv"); });
+  const std::string err =
+      error_of<trace_error>([] { (void)load_azure_csv(fixtures / "azure_malformed.csv"); });
   INFO(err);
   CHECK(contains(err, "azure_malformed.csv:5:"));
   CHECK(contains(err, "GeneratedTokens"));
@@ -387,7 +386,8 @@ TEST_CASE("a malformed Azure row is reported with its file and line") {
                  "t.csv:3: expected 3 columns, got 2"));
   CHECK(contains(parse_error(header + "2023-13-16 18:15:46.68,1,2\n"), "t.csv:2: bad TIMESTAMP"));
   CHECK(contains(parse_error(header + "2023-02-30 18:15:46.68,1,2\n"), "t.csv:2: bad TIMESTAMP"));
-  CHECK(contains(parse_error(header + "2023-11-16 18:15:46.68,-5,2\n"), "t.csv:2: bad ContextTokens"));
+  CHECK(contains(parse_error(header + "2023-11-16 18:15:46.68,-5,2\n"),
+                 "t.csv:2: bad ContextTokens"));
   CHECK(contains(parse_error(header + "2023-11-16 18:15:46.68,5,2.5\n"),
                  "t.csv:2: bad GeneratedTokens"));
   CHECK(contains(parse_error("time,in,out\n"), "t.csv:1: expected a header"));
@@ -431,8 +431,9 @@ TEST_CASE("a malformed Mooncake line is reported with its file and line") {
       (void)parse_mooncake_jsonl(in, "m.jsonl");
     });
   };
-  CHECK(contains(parse_error("{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1}\n{oops\n"),
-                 "m.jsonl:2: invalid JSON"));
+  CHECK(contains(
+      parse_error("{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1}\n{oops\n"),
+      "m.jsonl:2: invalid JSON"));
   CHECK(contains(parse_error("[1, 2]\n"), "m.jsonl:1: expected a JSON object"));
   CHECK(contains(parse_error("{\"timestamp\": -1, \"input_length\": 5, \"output_length\": 1}\n"),
                  "m.jsonl:1: \"timestamp\" must be"));
@@ -660,9 +661,9 @@ TEST_CASE("a time window keeps its requests and restarts the clock at its start"
 
 TEST_CASE("clipping to the context limit shortens the input first and keeps one token") {
   std::vector<trace_request> t = {
-      {0, 100, 50, {}},        // fits after clipping input to 70
-      {0, 100, 200, {}},       // output alone is over: input 1, output 119
-      {0, 10, 10, {}},         // fits already
+      {0, 100, 50, {}},          // fits after clipping input to 70
+      {0, 100, 200, {}},         // output alone is over: input 1, output 119
+      {0, 10, 10, {}},           // fits already
       {0, 1500, 88, {1, 2, 3}},  // input → 512, one 512-token hash block left
   };
   const auto c = clip_to_context(t, 120);
@@ -737,15 +738,15 @@ time_series ramp_series(std::string name, std::string unit, double scale) {
 TEST_CASE("the report writer writes parseable JSON, one CSV row per request and one svg per plot") {
   auto records = crafted_records();
   std::vector<report_run> runs;
-  runs.push_back(make_report_run("colocated", records, latency_slo{0.25, 0.125},
-                                 {ramp_series("queue depth", "requests", 12),
-                                  ramp_series("KV blocks used", "blocks", 4096)}));
+  runs.push_back(make_report_run(
+      "colocated", records, latency_slo{0.25, 0.125},
+      {ramp_series("queue depth", "requests", 12), ramp_series("KV blocks used", "blocks", 4096)}));
   for (auto& r : records) {
     if (r.first_token_s) *r.first_token_s -= 0.0625;
   }
-  runs.push_back(make_report_run("1P1D, <fast> & \"new\"", records, latency_slo{0.25, 0.125},
-                                 {ramp_series("queue depth", "requests", 5),
-                                  ramp_series("GPU busy", "fraction busy", 1)}));
+  runs.push_back(make_report_run(
+      "1P1D, <fast> & \"new\"", records, latency_slo{0.25, 0.125},
+      {ramp_series("queue depth", "requests", 5), ramp_series("GPU busy", "fraction busy", 1)}));
   report_options opts;
   opts.title = "colocated vs 1P1D";
   opts.subtitle = "crafted records";
@@ -882,7 +883,8 @@ report_run toy_deployment(const std::string& name, const std::vector<trace_reque
         const double frac = (t - *r.first_token_s) / std::max(1e-9, r.finish_s - *r.first_token_s);
         blocks += std::ceil((r.prompt_tokens + frac * r.output_tokens) / 16.0);
       }
-      busy_s += std::max(0.0, std::min(prefills[i].second, t + 10) - std::max(prefills[i].first, t));
+      busy_s +=
+          std::max(0.0, std::min(prefills[i].second, t + 10) - std::max(prefills[i].first, t));
     }
     queue.t_s.push_back(t);
     queue.values.push_back(static_cast<double>(waiting));
