@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/gguf.hpp"
 #include "runtime/tokenizer.hpp"
 
 namespace {
@@ -153,6 +154,14 @@ void check_records(const duet::tokenizer& tok, const std::vector<json>& rows,
   CHECK(mismatches == 0);
 }
 
+// The embedded default model (scripts/fetch-model.sh puts it there), when present.
+fs::path smollm2_gguf() {
+  const char* env = std::getenv("DUET_MODELS_DIR");
+  const fs::path dir = env != nullptr && *env != '\0' ? fs::path(env) : fs::path(DUET_SOURCE_DIR "/models");
+  const fs::path file = dir / "smollm2-135m-instruct-q4_1.gguf";
+  return fs::is_regular_file(file) ? file : fs::path{};
+}
+
 // Runs tests/tools/tokenizer_golden.py once (with $DUET_PYTHON, else the project's .venv) and
 // returns the directory it wrote, or an empty path when it could not run.
 const fs::path& hf_golden_dir() {
@@ -160,10 +169,14 @@ const fs::path& hf_golden_dir() {
     const char* env = std::getenv("DUET_PYTHON");
     const std::string python = env != nullptr && *env != '\0' ? env : DUET_SOURCE_DIR "/.venv/bin/python";
     const fs::path out = fs::path(DUET_BINARY_DIR) / "tokenizer-golden";
+    fs::remove_all(out);
     fs::create_directories(out);
-    const std::string command = "\"" + python + "\" \"" DUET_SOURCE_DIR
-                                "/tests/tools/tokenizer_golden.py\" --data \"" DUET_TEST_DATA
-                                "\" --out \"" + out.string() + "\"";
+    std::string command = "\"" + python + "\" \"" DUET_SOURCE_DIR
+                          "/tests/tools/tokenizer_golden.py\" --data \"" DUET_TEST_DATA
+                          "\" --out \"" + out.string() + "\"";
+    if (const fs::path gguf = smollm2_gguf(); !gguf.empty()) {
+      command += " --gguf \"" + gguf.string() + "\"";
+    }
     return std::system(command.c_str()) == 0 ? out : fs::path{};
   }();
   return dir;
@@ -290,6 +303,24 @@ TEST_CASE("a GGUF-style spec that names only the pre-tokenizer family encodes li
   }
 }
 
+TEST_CASE("the SmolLM2 GGUF's tokenizer encodes like HF on the same vocabulary") {
+  const fs::path gguf = smollm2_gguf();
+  if (gguf.empty()) {
+    MESSAGE("models/smollm2-135m-instruct-q4_1.gguf is absent (scripts/fetch-model.sh): skipped");
+    return;
+  }
+  require_hf_golden();
+  const duet::gguf_file file(gguf);
+  const duet::tokenizer_spec spec = duet::gguf_read_tokenizer(file);
+  CHECK(spec.pre_tokenizer == "smollm");
+  CHECK(spec.pre_tokenizer_regexes.empty());
+  const duet::tokenizer tok{spec};
+  CHECK(tok.vocab_size() == 49152);
+  CHECK(tok.encode("<|im_start|>user\nHi<|im_end|>", false).front() == 1);
+  CHECK(tok.eos_id() == 2);
+  check_records(tok, read_jsonl(hf_golden_dir() / "gguf" / "golden.jsonl"), "smollm2 gguf");
+}
+
 TEST_CASE("the loader recognizes the pre-tokenizer family of known regexes") {
   CHECK(llama().spec().pre_tokenizer == "llama3");
   CHECK(llama().spec().ignore_merges);
@@ -370,6 +401,16 @@ TEST_CASE("vocab sizes, token forms and chat templates come from the files") {
   CHECK(llama().token_bytes(1 << 30).empty());
   CHECK_FALSE(llama().chat_template().empty());
   CHECK(qwen().chat_template().find("<|im_start|>") != std::string::npos);
+}
+
+TEST_CASE("long inputs without a word break encode in bounded time and round-trip") {
+  // One 256 KiB word goes through the heap-based merge; whitespace runs through the regex.
+  for (const std::string& text : {std::string(256 * 1024, 'a'), std::string(256 * 1024, ' '),
+                                  std::string(256 * 1024, '!') + "\n"}) {
+    const auto ids = llama().encode(text, false);
+    CHECK(ids.size() < text.size() / 4);
+    CHECK(llama().decode(ids) == text);
+  }
 }
 
 TEST_CASE("decode skips ids outside the vocabulary") {

@@ -9,13 +9,18 @@ one) and OUT/<variant>/golden.jsonl, one JSON object a line:
 Texts: the cases of tests/data/tokenizer-corpus.txt (separated by lines holding only "%%"),
 cases written below with explicit escapes, and seeded random strings. Deterministic.
 
-usage: tokenizer_golden.py --data tests/data --out DIR
+With --gguf FILE (a byte-level BPE GGUF, e.g. SmolLM2-135M), also variant "gguf": a
+tokenizer.json built from the GGUF's tokenizer.ggml.* keys with the HF pre-tokenizer of its
+tokenizer.ggml.pre family, so the C++ side can compare its GGUF path with HF on that vocab.
+
+usage: tokenizer_golden.py --data tests/data --out DIR [--gguf FILE]
 """
 import argparse
 import copy
 import json
 import os
 import random
+import struct
 import sys
 
 import tokenizers
@@ -68,6 +73,74 @@ def with_pre_tokenizer(pre):
         tj["normalizer"] = None
         return tj
     return apply
+
+
+# HF pre-tokenizers of the GGUF families this script can rebuild (llama.cpp's names).
+GGUF_PRE_TOKENIZERS = {"smollm": SMOLLM_PRE_TOKENIZER, "gpt2": GPT2_PRE_TOKENIZER,
+                       "gpt-2": GPT2_PRE_TOKENIZER}
+
+
+def read_gguf_metadata(path):
+    """The key/value metadata of a GGUF v2/v3 file (tensor data is not read)."""
+    scalar = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+              10: "<Q", 11: "<q", 12: "<d"}
+    with open(path, "rb") as f:
+        def read(fmt):
+            size = struct.calcsize(fmt)
+            return struct.unpack(fmt, f.read(size))[0]
+
+        def read_string():
+            return f.read(read("<Q")).decode("utf-8", errors="surrogateescape")
+
+        def read_value(kind):
+            if kind in scalar:
+                return read(scalar[kind])
+            if kind == 8:
+                return read_string()
+            if kind == 9:
+                elem, count = read("<I"), read("<Q")
+                return [read_value(elem) for _ in range(count)]
+            raise ValueError(f"{path}: unknown GGUF value type {kind}")
+
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"{path}: not a GGUF file")
+        version = read("<I")
+        if version not in (2, 3):
+            raise ValueError(f"{path}: GGUF version {version}")
+        read("<Q")  # tensor count
+        metadata = {}
+        for _ in range(read("<Q")):
+            key = read_string()
+            metadata[key] = read_value(read("<I"))
+        return metadata
+
+
+def tokenizer_json_from_gguf(path):
+    meta = read_gguf_metadata(path)
+    if meta.get("tokenizer.ggml.model") != "gpt2":
+        raise ValueError(f"{path}: not a byte-level BPE GGUF")
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre not in GGUF_PRE_TOKENIZERS:
+        raise ValueError(f"{path}: no HF pre-tokenizer known for family {pre!r}")
+    tokens = meta["tokenizer.ggml.tokens"]
+    types = meta.get("tokenizer.ggml.token_type", [1] * len(tokens))
+    vocab = {}
+    for i, t in enumerate(tokens):
+        vocab.setdefault(t, i)
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": types[i] == 3}
+             for i, t in enumerate(tokens) if types[i] in (3, 4)]
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+        "normalizer": None, "pre_tokenizer": copy.deepcopy(GGUF_PRE_TOKENIZERS[pre]),
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                    "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": meta.get("tokenizer.ggml.merges", [])},
+    }
 
 
 # name -> (base tokenizer directory, modification)
@@ -172,16 +245,23 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", required=True, help="tests/data")
     parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--gguf", help="a byte-level BPE GGUF to rebuild as variant 'gguf'")
     args = parser.parse_args()
 
     texts = read_corpus(os.path.join(args.data, "tokenizer-corpus.txt")) + ESCAPED_CASES
     rng = random.Random(20241129)
     texts += random_cases(rng, 400)
 
-    for name, (base, modify) in VARIANTS.items():
-        with open(os.path.join(args.data, "tokenizers", base, "tokenizer.json"),
-                  encoding="utf-8") as f:
-            tj = json.load(f)
+    variants = dict(VARIANTS)
+    if args.gguf:
+        variants["gguf"] = (None, None)
+    for name, (base, modify) in variants.items():
+        if name == "gguf":
+            tj = tokenizer_json_from_gguf(args.gguf)
+        else:
+            with open(os.path.join(args.data, "tokenizers", base, "tokenizer.json"),
+                      encoding="utf-8") as f:
+                tj = json.load(f)
         if modify is not None:
             tj = modify(tj)
         out_dir = os.path.join(args.out, name)
@@ -206,7 +286,7 @@ def main():
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
     with open(os.path.join(args.out, "VERSION"), "w", encoding="utf-8") as f:
         f.write(tokenizers.__version__ + "\n")
-    print(f"tokenizer_golden: tokenizers {tokenizers.__version__}, {len(VARIANTS)} variants, "
+    print(f"tokenizer_golden: tokenizers {tokenizers.__version__}, {len(variants)} variants, "
           f"{len(texts)} texts", file=sys.stderr)
 
 
