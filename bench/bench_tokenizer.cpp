@@ -146,17 +146,26 @@ void bm_load(benchmark::State& state, const std::string& model) {
 
 }  // namespace
 
-BENCHMARK_CAPTURE(bm_encode_whole, llama3_1, std::string("llama3_1"))->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(bm_encode_whole, llama3_1, std::string("llama3_1"))
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(bm_encode_whole, qwen3, std::string("qwen3"))->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(bm_encode_chunks, llama3_1, std::string("llama3_1"))->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(bm_encode_chunks, llama3_1, std::string("llama3_1"))
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(bm_encode_chunks, qwen3, std::string("qwen3"))->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(bm_encode_cold, llama3_1, std::string("llama3_1"))
-    ->Unit(benchmark::kMillisecond)->Iterations(3);
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
 BENCHMARK_CAPTURE(bm_encode_cold, qwen3, std::string("qwen3"))
-    ->Unit(benchmark::kMillisecond)->Iterations(3);
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
 BENCHMARK_CAPTURE(bm_decode, llama3_1, std::string("llama3_1"))->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(bm_stream_decode, llama3_1, std::string("llama3_1"))->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(bm_load, llama3_1, std::string("llama3_1"))->Unit(benchmark::kMillisecond)->Iterations(3);
-BENCHMARK_CAPTURE(bm_load, qwen3, std::string("qwen3"))->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK_CAPTURE(bm_stream_decode, llama3_1, std::string("llama3_1"))
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(bm_load, llama3_1, std::string("llama3_1"))
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
+BENCHMARK_CAPTURE(bm_load, qwen3, std::string("qwen3"))
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
 
 BENCHMARK_MAIN();

@@ -53,7 +53,9 @@ void append_utf8(std::string& out, uint32_t cp) {
   }
 }
 
-std::size_t utf8_length(uint32_t cp) { return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4; }
+std::size_t utf8_length(uint32_t cp) {
+  return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+}
 
 // Result of reading one UTF-8 sequence at the front of a buffer.
 struct utf8_step {
@@ -387,15 +389,14 @@ class split_regex {
   explicit split_regex(const std::string& pattern) : pattern_(pattern) {
     int error = 0;
     PCRE2_SIZE offset = 0;
-    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                          PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error, &offset,
-                          nullptr);
+    code_ =
+        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                      PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error, &offset, nullptr);
     if (code_ == nullptr) {
       std::array<PCRE2_UCHAR, 256> message{};
       pcre2_get_error_message(error, message.data(), message.size());
-      throw std::invalid_argument("tokenizer: bad split regex at offset " +
-                                  std::to_string(offset) + " (" +
-                                  reinterpret_cast<const char*>(message.data()) +
+      throw std::invalid_argument("tokenizer: bad split regex at offset " + std::to_string(offset) +
+                                  " (" + reinterpret_cast<const char*>(message.data()) +
                                   "): " + pattern);
     }
     jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
@@ -411,12 +412,13 @@ class split_regex {
   void split(std::string_view s, F&& fn) const {
     pcre2_thread_state& st = pcre2_state();
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
-    std::size_t search = 0;     // where the next search starts
-    std::size_t emitted = 0;    // end of what has been handed to fn
+    std::size_t search = 0;   // where the next search starts
+    std::size_t emitted = 0;  // end of what has been handed to fn
     std::size_t last_end = std::numeric_limits<std::size_t>::max();
     while (search <= s.size()) {
-      const int rc = jit_ ? pcre2_jit_match(code_, subject, s.size(), search, 0, st.data, st.context)
-                          : pcre2_match(code_, subject, s.size(), search, 0, st.data, st.context);
+      const int rc = jit_
+                         ? pcre2_jit_match(code_, subject, s.size(), search, 0, st.data, st.context)
+                         : pcre2_match(code_, subject, s.size(), search, 0, st.data, st.context);
       if (rc == PCRE2_ERROR_NOMATCH) break;
       if (rc < 0) {
         std::array<PCRE2_UCHAR, 256> message{};
@@ -463,8 +465,8 @@ constexpr const char* kDigitsRegex = R"(\p{N}+)";
 struct family {
   std::string_view name;
   std::vector<std::string> regexes;
-  bool ignore_merges;          // HF BPE ignore_merges (Llama-3's tokenizer.json sets it)
-  std::string_view normalizer; // the normalizer of the family's tokenizer.json (Qwen: NFC)
+  bool ignore_merges;           // HF BPE ignore_merges (Llama-3's tokenizer.json sets it)
+  std::string_view normalizer;  // the normalizer of the family's tokenizer.json (Qwen: NFC)
 };
 
 const std::vector<family>& families() {
@@ -530,17 +532,26 @@ bool nfc_inert(uint32_t cp) {
 void normalize_valid(std::string_view s, normal_form form, std::string& out) {
   int options = UTF8PROC_STABLE;
   switch (form) {
-    case normal_form::nfc: options |= UTF8PROC_COMPOSE; break;
-    case normal_form::nfd: options |= UTF8PROC_DECOMPOSE; break;
-    case normal_form::nfkc: options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-    case normal_form::nfkd: options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
-    case normal_form::none: out.append(s); return;
+    case normal_form::nfc:
+      options |= UTF8PROC_COMPOSE;
+      break;
+    case normal_form::nfd:
+      options |= UTF8PROC_DECOMPOSE;
+      break;
+    case normal_form::nfkc:
+      options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+      break;
+    case normal_form::nfkd:
+      options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+      break;
+    case normal_form::none:
+      out.append(s);
+      return;
   }
   utf8proc_uint8_t* result = nullptr;
-  const utf8proc_ssize_t n =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
-                   static_cast<utf8proc_ssize_t>(s.size()), &result,
-                   static_cast<utf8proc_option_t>(options));
+  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
+                                          static_cast<utf8proc_ssize_t>(s.size()), &result,
+                                          static_cast<utf8proc_option_t>(options));
   if (n < 0) {
     out.append(s);  // cannot happen for valid UTF-8; keep the text rather than lose it
   } else {
@@ -782,9 +793,9 @@ std::string pre_tokenizer_family_normalizer(std::string_view name) {
 
 struct tokenizer::impl {
   tokenizer_spec spec;
-  std::vector<std::string> id_token;   // vocab form ("Ġhello") or added content
-  std::vector<std::string> id_bytes;   // raw bytes each id decodes to
-  std::vector<uint8_t> special;        // 1 for special added tokens
+  std::vector<std::string> id_token;  // vocab form ("Ġhello") or added content
+  std::vector<std::string> id_bytes;  // raw bytes each id decodes to
+  std::vector<uint8_t> special;       // 1 for special added tokens
   std::unordered_map<std::string, int32_t, string_hash, std::equal_to<>> token_ids;
   bytes_table word_ids;                // raw bytes -> id, for BPE (vocab entries only)
   std::array<int32_t, 256> byte_id{};  // id of each single byte, -1 when absent
@@ -1113,12 +1124,24 @@ std::string tokenizer::normalize(std::string_view text) const {
   return out;
 }
 
-std::size_t tokenizer::vocab_size() const { return impl_->id_bytes.size(); }
-std::optional<int32_t> tokenizer::bos_id() const { return impl_->spec.bos_id; }
-std::optional<int32_t> tokenizer::eos_id() const { return impl_->spec.eos_id; }
-bool tokenizer::add_bos() const { return impl_->spec.add_bos; }
-const std::string& tokenizer::chat_template() const { return impl_->spec.chat_template; }
-const tokenizer_spec& tokenizer::spec() const { return impl_->spec; }
+std::size_t tokenizer::vocab_size() const {
+  return impl_->id_bytes.size();
+}
+std::optional<int32_t> tokenizer::bos_id() const {
+  return impl_->spec.bos_id;
+}
+std::optional<int32_t> tokenizer::eos_id() const {
+  return impl_->spec.eos_id;
+}
+bool tokenizer::add_bos() const {
+  return impl_->spec.add_bos;
+}
+const std::string& tokenizer::chat_template() const {
+  return impl_->spec.chat_template;
+}
+const tokenizer_spec& tokenizer::spec() const {
+  return impl_->spec;
+}
 
 // ---------------------------------------------------------------------------------------------
 
@@ -1211,7 +1234,8 @@ bool collect_pre_tokenizer(const json& pt, std::vector<std::string>& regexes) {
     } else if (pattern.contains("String")) {
       regexes.push_back(escape_regex(pattern.at("String").get<std::string>()));
     } else {
-      throw std::invalid_argument("Split pattern is neither {\"Regex\": ...} nor {\"String\": ...}");
+      throw std::invalid_argument(
+          "Split pattern is neither {\"Regex\": ...} nor {\"String\": ...}");
     }
     const std::string behavior = pt.value("behavior", std::string("Isolated"));
     if (behavior != "Isolated") {
@@ -1362,7 +1386,8 @@ void parse_tokenizer_json(const json& root, tokenizer_spec& spec) {
     std::unordered_map<std::string_view, int32_t> vocab_ids;
     for (const json& a : *it) {
       auto token = parse_added(a, a.at("id").get<int32_t>());
-      if (token.id < 0) throw std::invalid_argument("added token '" + token.content + "' has a negative id");
+      if (token.id < 0)
+        throw std::invalid_argument("added token '" + token.content + "' has a negative id");
       const bool matches = static_cast<std::size_t>(token.id) < spec.vocab.size() &&
                            spec.vocab[token.id] == token.content;
       if (!matches) {
@@ -1371,7 +1396,8 @@ void parse_tokenizer_json(const json& root, tokenizer_spec& spec) {
             vocab_ids.emplace(spec.vocab[id], static_cast<int32_t>(id));
           }
         }
-        if (const auto v = vocab_ids.find(token.content); v != vocab_ids.end()) token.id = v->second;
+        if (const auto v = vocab_ids.find(token.content); v != vocab_ids.end())
+          token.id = v->second;
       }
       spec.added.push_back(std::move(token));
     }

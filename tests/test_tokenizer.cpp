@@ -23,7 +23,8 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 const duet::tokenizer& llama() {
-  static const duet::tokenizer tok{duet::load_tokenizer_json(DUET_TEST_DATA "/tokenizers/llama3_1")};
+  static const duet::tokenizer tok{
+      duet::load_tokenizer_json(DUET_TEST_DATA "/tokenizers/llama3_1")};
   return tok;
 }
 
@@ -143,9 +144,8 @@ void check_records(const duet::tokenizer& tok, const std::vector<json>& rows,
       const std::string decoded = tok.decode(expected, skip);
       ++checked;
       if (decoded != row.at("decoded").get<std::string>() && ++mismatches <= 5) {
-        MESSAGE(label << ": decode(" << show(expected) << ", skip_special=" << skip
-                      << ") = " << json(decoded).dump() << ", HF says "
-                      << row.at("decoded").dump());
+        MESSAGE(label << ": decode(" << show(expected) << ", skip_special=" << skip << ") = "
+                      << json(decoded).dump() << ", HF says " << row.at("decoded").dump());
       }
     }
   }
@@ -157,7 +157,8 @@ void check_records(const duet::tokenizer& tok, const std::vector<json>& rows,
 // The embedded default model (scripts/fetch-model.sh puts it there), when present.
 fs::path smollm2_gguf() {
   const char* env = std::getenv("DUET_MODELS_DIR");
-  const fs::path dir = env != nullptr && *env != '\0' ? fs::path(env) : fs::path(DUET_SOURCE_DIR "/models");
+  const fs::path dir =
+      env != nullptr && *env != '\0' ? fs::path(env) : fs::path(DUET_SOURCE_DIR "/models");
   const fs::path file = dir / "smollm2-135m-instruct-q4_1.gguf";
   return fs::is_regular_file(file) ? file : fs::path{};
 }
@@ -167,13 +168,16 @@ fs::path smollm2_gguf() {
 const fs::path& hf_golden_dir() {
   static const fs::path dir = [] {
     const char* env = std::getenv("DUET_PYTHON");
-    const std::string python = env != nullptr && *env != '\0' ? env : DUET_SOURCE_DIR "/.venv/bin/python";
+    const std::string python =
+        env != nullptr && *env != '\0' ? env : DUET_SOURCE_DIR "/.venv/bin/python";
     const fs::path out = fs::path(DUET_BINARY_DIR) / "tokenizer-golden";
     fs::remove_all(out);
     fs::create_directories(out);
-    std::string command = "\"" + python + "\" \"" DUET_SOURCE_DIR
+    std::string command = "\"" + python +
+                          "\" \"" DUET_SOURCE_DIR
                           "/tests/tools/tokenizer_golden.py\" --data \"" DUET_TEST_DATA
-                          "\" --out \"" + out.string() + "\"";
+                          "\" --out \"" +
+                          out.string() + "\"";
     if (const fs::path gguf = smollm2_gguf(); !gguf.empty()) {
       command += " --gguf \"" + gguf.string() + "\"";
     }
@@ -233,13 +237,19 @@ json tiny_tokenizer(const std::vector<std::string>& extra,
                                      {"special", true}}})},
       {"normalizer", nullptr},
       {"pre_tokenizer",
-       {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
+       {{"type", "ByteLevel"},
+        {"add_prefix_space", false},
+        {"trim_offsets", true},
         {"use_regex", true}}},
       {"post_processor", nullptr},
       {"decoder", {{"type", "ByteLevel"}}},
       {"model",
-       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
-        {"ignore_merges", false}, {"vocab", vocab}, {"merges", merge_list}}},
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", nullptr},
+        {"ignore_merges", false},
+        {"vocab", vocab},
+        {"merges", merge_list}}},
   };
 }
 
@@ -283,15 +293,15 @@ TEST_CASE("encoding and decoding agree with the HF tokenizers library on a gener
 TEST_CASE("a GGUF-style spec that names only the pre-tokenizer family encodes like HF") {
   require_hf_golden();
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"llama3_1", "llama3"}, {"llama3_1", "llama-bpe"},   {"qwen3", "qwen2"},
+      {"llama3_1", "llama3"},        {"llama3_1", "llama-bpe"},  {"qwen3", "qwen2"},
       {"qwen3", "deepseek-r1-qwen"}, {"qwen3_smollm", "smollm"}, {"qwen3_gpt2", "gpt2"}};
   for (const auto& [variant, family] : cases) {
     SUBCASE((variant + " as " + family).c_str()) {
       const fs::path dir = hf_golden_dir() / variant;
       duet::tokenizer_spec spec = duet::load_tokenizer_json(dir / "tokenizer.json");
       spec.pre_tokenizer_regexes.clear();
-      spec.ignore_merges = false;  // a GGUF file does not say; the llama3 family implies it
-      spec.normalizer.clear();     // nor this; the qwen2 family implies NFC
+      spec.ignore_merges = false;         // a GGUF file does not say; the llama3 family implies it
+      spec.normalizer.clear();            // nor this; the qwen2 family implies NFC
       for (const auto& a : spec.added) {  // a GGUF vocab lists the added tokens' contents too
         if (static_cast<std::size_t>(a.id) >= spec.vocab.size()) spec.vocab.resize(a.id + 1);
         if (spec.vocab[a.id].empty()) spec.vocab[a.id] = a.content;
@@ -330,7 +340,8 @@ TEST_CASE("the loader recognizes the pre-tokenizer family of known regexes") {
   CHECK(duet::pre_tokenizer_family_ignores_merges("llama-bpe"));
   CHECK(duet::pre_tokenizer_family_normalizer("deepseek-r1-qwen") == "nfc");
   CHECK(duet::pre_tokenizer_family_normalizer("llama3").empty());
-  CHECK(duet::pre_tokenizer_family_regexes("default") == duet::pre_tokenizer_family_regexes("gpt2"));
+  CHECK(duet::pre_tokenizer_family_regexes("default") ==
+        duet::pre_tokenizer_family_regexes("gpt2"));
   CHECK_FALSE(duet::pre_tokenizer_family_ignores_merges("qwen2"));
   CHECK_THROWS_AS((void)duet::pre_tokenizer_family_regexes("no-such-family"),
                   std::invalid_argument);
@@ -341,8 +352,8 @@ TEST_CASE("decode inverts encode on every golden text") {
     CHECK(llama().decode(llama().encode(text, false)) == text);
     CHECK(qwen().decode(qwen().encode(text, false)) == qwen().normalize(text));
   }
-  const std::string composed = "caf\xC3\xA9";            // é
-  const std::string decomposed = "cafe\xCC\x81";         // e + U+0301
+  const std::string composed = "caf\xC3\xA9";     // é
+  const std::string decomposed = "cafe\xCC\x81";  // e + U+0301
   CHECK(qwen().normalize(decomposed) == composed);
   CHECK(qwen().encode(decomposed, false) == qwen().encode(composed, false));
   CHECK(llama().decode(llama().encode(decomposed, false)) == decomposed);  // no normalizer
@@ -433,15 +444,18 @@ TEST_CASE("the stream decoder holds back a character split across byte tokens") 
   CHECK(stream.push(byte_token(tok, 0xE2)).empty());
   CHECK(stream.push(byte_token(tok, 0x82)).empty());
   CHECK(stream.push(std::vector<int32_t>{byte_token(tok, 0xAC), byte_token(tok, 'a')}) ==
-        "\xE2\x82\xAC" "a");
+        "\xE2\x82\xAC"
+        "a");
 }
 
 TEST_CASE("the stream decoder replaces bytes that can never form a character") {
   const auto& tok = llama();
   duet::stream_decoder stream(tok);
-  CHECK(stream.push(byte_token(tok, 0xFF)) == "\xEF\xBF\xBD");           // never valid
-  CHECK(stream.push(byte_token(tok, 0xE2)).empty());                     // may still complete
-  CHECK(stream.push(byte_token(tok, 'a')) == "\xEF\xBF\xBD" "a");        // it did not
+  CHECK(stream.push(byte_token(tok, 0xFF)) == "\xEF\xBF\xBD");  // never valid
+  CHECK(stream.push(byte_token(tok, 0xE2)).empty());            // may still complete
+  CHECK(stream.push(byte_token(tok, 'a')) ==
+        "\xEF\xBF\xBD"
+        "a");  // it did not
   CHECK(stream.push(byte_token(tok, 0xE2)).empty());
   CHECK(stream.push(byte_token(tok, 0x82)).empty());
   CHECK(stream.flush() == "\xEF\xBF\xBD");  // one U+FFFD for the incomplete E2 82
@@ -517,9 +531,9 @@ TEST_CASE("several threads can encode with one tokenizer at once") {
 TEST_CASE("merges apply by rank, not by position") {
   // "abc": (b, c) has rank 0, so it merges before (a, b); then (a, bc) makes "abc".
   const fs::path dir = scratch_dir("rank-order");
-  write_file(dir / "tokenizer.json",
-             tiny_tokenizer({"bc", "ab", "abc", "xyz"}, {{"b", "c"}, {"a", "b"}, {"a", "bc"}})
-                 .dump());
+  write_file(
+      dir / "tokenizer.json",
+      tiny_tokenizer({"bc", "ab", "abc", "xyz"}, {{"b", "c"}, {"a", "b"}, {"a", "bc"}}).dump());
   duet::tokenizer_spec spec = duet::load_tokenizer_json(dir);
   CHECK(spec.pre_tokenizer == "gpt2");
   const duet::tokenizer tok{spec};
@@ -642,8 +656,8 @@ TEST_CASE("an inconsistent spec is refused when the tokenizer is built") {
   CHECK_NOTHROW(duet::tokenizer{spec});
   SUBCASE("a merge of an unknown token") {
     spec.merges.emplace_back("a", "nope");
-    CHECK_THROWS_WITH_AS(duet::tokenizer{spec},
-                         doctest::Contains("'nope' is not in the vocab"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(duet::tokenizer{spec}, doctest::Contains("'nope' is not in the vocab"),
+                         std::invalid_argument);
   }
   SUBCASE("a regex PCRE2 cannot compile") {
     spec.pre_tokenizer_regexes = {"(unclosed"};
