@@ -15,6 +15,7 @@ node::node(caf::actor_system& system, const deployment_config& config, const std
   for (const auto& other : config.nodes) {
     if (other.name != name) settings.peers[other.name] = other.endpoint;
   }
+  for (const auto& a : self->actors) settings.local_actors.insert(a.name);
   settings.queue_limit = config.transport.queue_limit;
   settings.max_frame_bytes = config.transport.max_frame_bytes;
   settings.compat_hash = compat_hash(config);

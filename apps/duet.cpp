@@ -14,6 +14,7 @@
 #include "runtime/clock.hpp"
 #include "runtime/client.hpp"
 #include "runtime/config.hpp"
+#include "runtime/http_frontend.hpp"
 #include "runtime/load_driver.hpp"
 #include "runtime/version.hpp"
 
@@ -52,24 +53,33 @@ void wait_for_signal() {
   while (!stop_requested) std::this_thread::sleep_for(std::chrono::milliseconds(100));
 }
 
-int run_node(const std::string& config_path, const std::string& name) {
+int run_node(const std::string& config_path, const std::string& name, const std::string& http, const std::string& api_key) {
   auto config = load_or_default(config_path);
   caf::actor_system_config cfg;
   caf::actor_system system{cfg};
   duet::node n(system, config, name);
   std::fprintf(stderr, "duet node %s listening on %s\n", name.c_str(), n.endpoint().c_str());
+  auto frontend = duet::start_node_frontend(config, name, http, api_key);
   wait_for_signal();
+  if (frontend) frontend->stop();
   n.stop();
   return 0;
 }
 
 /// Child-process mode of `duet up`: one `duet node` per node, reaped on exit.
-int run_up_processes(const std::string& config_path, const duet::deployment_config& config) {
+int run_up_processes(const std::string& config_path, const duet::deployment_config& config, const std::string& http,
+                     const std::string& api_key) {
   std::vector<pid_t> children;
+  if (!api_key.empty()) setenv("DUET_API_KEY", api_key.c_str(), 1);  // the HTTP node reads it; not on argv
+  const std::string http_node = http.empty() ? std::string() : duet::http_host_node(config);
   for (const auto& n : config.nodes) {
     const pid_t pid = fork();
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGTERM);  // never outlive `duet up`
+      if (n.name == http_node) {
+        execl("/proc/self/exe", "duet", "node", "--config", config_path.c_str(), "--name", n.name.c_str(), "--http",
+              http.c_str(), static_cast<char*>(nullptr));
+      }
       execl("/proc/self/exe", "duet", "node", "--config", config_path.c_str(), "--name", n.name.c_str(),
             static_cast<char*>(nullptr));
       std::perror("duet up: exec");
@@ -106,14 +116,20 @@ int run_up_processes(const std::string& config_path, const duet::deployment_conf
   return 0;
 }
 
-int run_up(const std::string& config_path, bool threads) {
+int run_up(const std::string& config_path, bool threads, const std::string& http, const std::string& api_key) {
   auto config = load_or_default(config_path);
-  if (!threads && !all_inproc(config) && !config_path.empty()) return run_up_processes(config_path, config);
+  if (!threads && !all_inproc(config) && !config_path.empty()) return run_up_processes(config_path, config, http, api_key);
   caf::actor_system_config cfg;
   caf::actor_system system{cfg};
   auto nodes = start_nodes(system, config);
   for (const auto& n : nodes) std::fprintf(stderr, "duet node %s listening on %s\n", n->name().c_str(), n->endpoint().c_str());
+  std::vector<std::unique_ptr<duet::http_frontend>> frontends;
+  for (const auto& n : config.nodes) {
+    const std::string node_http = n.name == duet::http_host_node(config) ? http : std::string();
+    if (auto fe = duet::start_node_frontend(config, n.name, node_http, api_key)) frontends.push_back(std::move(fe));
+  }
   wait_for_signal();
+  for (auto& fe : frontends) fe->stop();
   for (auto& n : nodes) n->stop();
   return 0;
 }
@@ -299,13 +315,18 @@ int main(int argc, char** argv) {
 
   auto* up = app.add_subcommand("up", "start every node of a deployment on this host (default: built-in sim deployment)");
   bool threads = false;
+  std::string http, api_key;
   up->add_option("--config", config_path, "deployment TOML file");
   up->add_flag("--threads", threads, "run all nodes as threads of this process, even with ipc/tcp endpoints");
+  up->add_option("--http", http, "serve the OpenAI-compatible HTTP API on HOST:PORT (the router's node)");
+  up->add_option("--api-key", api_key, "require this Bearer key on /v1/* (default: env DUET_API_KEY)");
 
   auto* node_cmd = app.add_subcommand("node", "start one node of a deployment");
   std::string node_name;
   node_cmd->add_option("--config", config_path, "deployment TOML file")->required();
   node_cmd->add_option("--name", node_name, "node name in the config")->required();
+  node_cmd->add_option("--http", http, "serve the OpenAI-compatible HTTP API on HOST:PORT (overrides the config)");
+  node_cmd->add_option("--api-key", api_key, "require this Bearer key on /v1/* (default: env DUET_API_KEY)");
 
   auto* demo = app.add_subcommand("demo", "start the deployment in this process, serve a burst of requests, print latencies");
   duet::burst_options burst;
@@ -320,7 +341,7 @@ int main(int argc, char** argv) {
 
   auto* client_cmd = app.add_subcommand("client", "submit one request and stream its tokens");
   std::string endpoint, router, prompt, tokens;
-  uint32_t max_new = 16, timeout_ms = 30000;
+  uint32_t max_new = 16, timeout_ms = 30000, stats_timeout_ms = 2000;
   double temperature = 0.0;
   client_cmd->add_option("--config", config_path, "deployment TOML file (finds the router)");
   client_cmd->add_option("--endpoint", endpoint, "router node endpoint, e.g. ipc:///tmp/duet-n1.sock");
@@ -333,16 +354,16 @@ int main(int argc, char** argv) {
 
   auto* stats_cmd = app.add_subcommand("stats", "print every actor's counters and KV pool");
   stats_cmd->add_option("--config", config_path, "deployment TOML file")->required();
-  stats_cmd->add_option("--timeout-ms", timeout_ms, "wait this long for replies");
+  stats_cmd->add_option("--timeout-ms", stats_timeout_ms, "wait this long for replies");
 
   CLI11_PARSE(app, argc, argv);
   install_signal_handlers();
   try {
-    if (*up) return run_up(config_path, threads);
-    if (*node_cmd) return run_node(config_path, node_name);
+    if (*up) return run_up(config_path, threads, http, api_key);
+    if (*node_cmd) return run_node(config_path, node_name, http, api_key);
     if (*demo) return run_demo(config_path, burst);
     if (*client_cmd) return run_client(config_path, endpoint, router, prompt, tokens, max_new, temperature, timeout_ms);
-    if (*stats_cmd) return run_stats(config_path, timeout_ms);
+    if (*stats_cmd) return run_stats(config_path, stats_timeout_ms);
   } catch (const duet::config_error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;

@@ -3,6 +3,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <future>
 #include <stdexcept>
 
@@ -13,6 +14,34 @@ namespace duet {
 zmq::context_t& zmq_context() {
   static zmq::context_t context(1);
   return context;
+}
+
+namespace {
+constexpr char hex_digits[] = "0123456789abcdef";
+}
+
+std::string transport::client_name(const std::string& identity) const {
+  const bool plain = !identity.empty() && identity[0] != '~' && !settings_.local_actors.contains(identity) &&
+                     std::all_of(identity.begin(), identity.end(), [](char c) {
+                       return c > ' ' && c < 127 && c != '/';
+                     });
+  if (plain) return identity;
+  std::string out = "~";  // ZeroMQ's generated binary ids, and names we must not alias
+  for (unsigned char c : identity) {
+    out += hex_digits[c >> 4];
+    out += hex_digits[c & 15];
+  }
+  return out;
+}
+
+std::string transport::client_identity(const std::string& name) {
+  if (name.empty() || name[0] != '~') return name;
+  std::string out;
+  for (std::size_t i = 1; i + 1 < name.size(); i += 2) {
+    auto nibble = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
+    out += static_cast<char>(nibble(name[i]) << 4 | nibble(name[i + 1]));
+  }
+  return out;
 }
 
 transport::transport(transport_settings settings, deliver_fn deliver)
@@ -58,7 +87,8 @@ bool transport::send(outgoing message) {
     ++counters_.unroutable;
     return false;
   }
-  if (std::string_view(message.dst).substr(0, slash) == settings_.node) {
+  if (std::string_view(message.dst).substr(0, slash) == settings_.node &&
+      settings_.local_actors.contains(message.dst.substr(slash + 1))) {
     deliver_local(std::move(message.frames));
     return true;
   }
@@ -150,7 +180,8 @@ void transport::receive(zmq::socket_t& router) {
       ++counters_.malformed;
       continue;
     }
-    if (env->type == static_cast<uint16_t>(msg::type_id::hello)) {
+    const bool from_peer = settings_.peers.contains(src.node) && identity == src.node;
+    if (from_peer && env->type == static_cast<uint16_t>(msg::type_id::hello)) {
       auto hello = msg::decode_body<msg::hello>(frames, limits);
       if (!hello) {
         ++counters_.malformed;
@@ -160,15 +191,36 @@ void transport::receive(zmq::socket_t& router) {
       if (!peer_compatible_[src.node]) ++counters_.refused_incompatible;
       continue;
     }
-    if (auto it = peer_compatible_.find(src.node); it != peer_compatible_.end() && !it->second) {
-      ++counters_.refused_incompatible;
-      continue;
+    if (from_peer) {
+      if (auto it = peer_compatible_.find(src.node); it != peer_compatible_.end() && !it->second) {
+        ++counters_.refused_incompatible;
+        continue;
+      }
+    } else {
+      // A client: stamp the return address, so replies from any node find their way back.
+      env->src = settings_.node + "/" + client_name(identity);
+      msgpack::sbuffer buffer;
+      msgpack::pack(buffer, *env);
+      frames[0].assign(buffer.data(), buffer.size());
     }
     if (dst.node != settings_.node) {
-      ++counters_.unroutable;
+      if (!from_peer && settings_.peers.contains(dst.node)) {
+        outgoing relay{env->dst, std::move(frames)};
+        route(router, relay);
+      } else {
+        ++counters_.unroutable;
+      }
       continue;
     }
-    if (!settings_.peers.contains(src.node)) client_identities_[src.node] = identity;
+    if (!settings_.local_actors.contains(dst.actor)) {
+      if (from_peer) {  // another node answering one of our clients
+        outgoing to_client{env->dst, std::move(frames)};
+        route(router, to_client);
+      } else {
+        ++counters_.unroutable;
+      }
+      continue;
+    }
     deliver_(std::move(*env), std::move(frames));
   }
 }
@@ -218,12 +270,12 @@ void transport::route(zmq::socket_t& router, outgoing& message) {
       }
       return;
     }
-    auto client = client_identities_.find(node);
-    if (client == client_identities_.end()) {
+    if (node != settings_.node) {
       ++counters_.unroutable;
       return;
     }
-    parts.emplace_back(client->second.data(), client->second.size());
+    const std::string identity = client_identity(message.dst.substr(message.dst.find('/') + 1));
+    parts.emplace_back(identity.data(), identity.size());
     for (const auto& f : message.frames) parts.emplace_back(f.data(), f.size());
     if (zmq::send_multipart(router, parts, zmq::send_flags::dontwait)) {
       ++counters_.sent;
@@ -233,7 +285,6 @@ void transport::route(zmq::socket_t& router, outgoing& message) {
   } catch (const zmq::error_t&) {
     // EHOSTUNREACH: the client disconnected. Its requests end by their deadlines.
     ++counters_.unroutable;
-    client_identities_.erase(node);
   }
 }
 

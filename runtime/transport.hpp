@@ -6,6 +6,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -23,6 +24,7 @@ struct transport_settings {
   std::string node;                          // this node's name
   std::string endpoint;                      // bound by this node
   std::map<std::string, std::string> peers;  // other nodes of the deployment: name -> endpoint
+  std::set<std::string> local_actors;        // actor names hosted here; other names are clients
   uint32_t queue_limit = 65536;              // outbound messages waiting for the thread
   uint32_t max_frame_bytes = 64u << 20;
   uint64_t compat_hash = 0;                  // sent in hello; mismatching peers are refused
@@ -42,9 +44,11 @@ struct transport_counters {
 };
 
 /// One node's ZeroMQ endpoint. A ROUTER socket is bound at the node's endpoint; messages
-/// to another node go out through one DEALER per peer (routing id = this node's name);
-/// replies to clients that are not in the config go back through the ROUTER to the
-/// identity they connected with. All sockets live on one thread; other threads hand
+/// to another node go out through one DEALER per peer (routing id = this node's name).
+/// A client (any connection that is not a node of the deployment) is addressed as
+/// "<this node>/<its routing id>": the node stamps that return address on everything the
+/// client sends, relays the client's messages for other nodes, and hands every message
+/// for that address back through the ROUTER, wherever in the cluster it came from. All sockets live on one thread; other threads hand
 /// messages over through a bounded queue and an eventfd that wakes the thread.
 class transport {
  public:
@@ -76,6 +80,9 @@ class transport {
   void route(zmq::socket_t& router, outgoing& message);
   zmq::socket_t& peer_socket(const std::string& node, const std::string& endpoint);
   void deliver_local(msg::frames&& frames);
+  /// The actor name a client is addressed by on this node, and back.
+  [[nodiscard]] std::string client_name(const std::string& identity) const;
+  [[nodiscard]] static std::string client_identity(const std::string& name);
 
   transport_settings settings_;
   deliver_fn deliver_;
@@ -89,7 +96,6 @@ class transport {
   std::promise<std::string>* bind_result_ = nullptr;
   // Owned by the transport thread:
   std::map<std::string, zmq::socket_t> peer_sockets_;
-  std::map<std::string, std::string> client_identities_;  // node name -> ROUTER identity
   std::map<std::string, bool> peer_compatible_;
 };
 
