@@ -12,7 +12,7 @@ class block_manager {
   block_manager(uint32_t total_blocks, uint32_t block_tokens);
 
   [[nodiscard]] static uint32_t blocks_for(uint32_t tokens, uint32_t block_tokens) {
-    return (tokens + block_tokens - 1) / block_tokens;
+    return tokens / block_tokens + (tokens % block_tokens != 0);  // no overflow near UINT32_MAX
   }
   [[nodiscard]] uint32_t blocks_for(uint32_t tokens) const { return blocks_for(tokens, block_tokens_); }
   [[nodiscard]] bool can_allocate(uint32_t blocks) const { return blocks <= free_.size(); }

@@ -204,6 +204,9 @@ void decode_core::tick(int64_t now_ms) {
       end(s, msg::finish_reason::timeout, msg::error_code::timeout, "deadline passed during decode");
     }
   }
+  // Blocks freed outside a step (cancel, failed transfer, expiry) admit waiting adoptions here;
+  // when nothing runs, no finish_step would ever do it.
+  try_admit_waiting(now_ms);
 }
 
 void decode_core::end(sequence& s, msg::finish_reason reason, msg::error_code code, const std::string& message) {

@@ -131,12 +131,14 @@ void router_core::on_prefill_done(const msg::prefill_done& m) {
                                   m.first_token) != r.sampling.stop_token_ids.end());
   if (r.cancel_sent || stopped || r.sampling.max_new_tokens <= 1) {
     out_.send(settings_.broker, msg::kv_drop{m.handle_id, "no decode needed"});
-    const auto reason = r.cancel_sent ? msg::finish_reason::cancelled
+    const auto reason = r.cancel_sent ? r.cancel_reason
                         : stopped     ? msg::finish_reason::stop
                                       : msg::finish_reason::length;
     --workers_[r.decode].outstanding;
     r.decode.clear();
-    return answer_and_forget(r, reason, msg::error_code::none, {}, 1);
+    return answer_and_forget(r, reason,
+                             reason == msg::finish_reason::timeout ? msg::error_code::timeout : msg::error_code::none,
+                             {}, 1);
   }
   r.state = request_state::decoding;
   msg::kv_adopt adopt;
@@ -186,6 +188,7 @@ void router_core::tick(int64_t now_ms) {
     if (now_ms < r.deadline_ms) continue;
     if (!r.cancel_sent) {
       r.cancel_sent = true;
+      r.cancel_reason = msg::finish_reason::timeout;
       out_.send(r.state == request_state::prefilling ? r.prefill : r.decode,
                 msg::cancel_seq{r.seq_id, msg::finish_reason::timeout});
     }
@@ -198,7 +201,8 @@ void router_core::tick(int64_t now_ms) {
     if (r.state == request_state::prefilling) --workers_[r.prefill].outstanding;
     if (!r.decode.empty()) --workers_[r.decode].outstanding;
     answer_and_forget(r, msg::finish_reason::timeout, msg::error_code::timeout,
-                      "workers did not answer before the deadline", 0);
+                      "workers did not answer before the deadline",
+                      r.state == request_state::decoding ? 1 : 0);  // the first token went out
   }
   ready_prefill_ = 0;
   ready_decode_ = 0;

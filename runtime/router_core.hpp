@@ -66,6 +66,7 @@ class router_core {
     uint64_t handle_id = 0;
     request_state state = request_state::prefilling;
     bool cancel_sent = false;
+    msg::finish_reason cancel_reason = msg::finish_reason::cancelled;  // timeout when the deadline sent it
   };
   struct worker {
     uint32_t outstanding = 0;
