@@ -72,6 +72,7 @@ void broker_core::on_pull(const std::string& from, const msg::kv_pull& m, int64_
   e.adopter = from;
   e.state = handle_state::transferring;
   e.lease_expiry_ms = now_ms + settings_.lease_ms;
+  out_.send(e.handle.owner, msg::kv_registered{m.handle_id, e.lease_expiry_ms});  // the owner's lease moves too
   reply.path = choose_path(e, from);
   // Paths with bytes to move are driven by the transfer engine (issue: KV handover); the
   // paths available here need no copy, so the KV is in place at once.
@@ -114,6 +115,8 @@ void broker_core::on_renew(const std::string& from, const msg::kv_renew& m, int6
   if (it == handles_.end()) return;
   it->second.lease_expiry_ms = now_ms + settings_.lease_ms;
   ++counters_["renewed"];
+  // The owner reclaims by itself after the lease it knows of: tell it the new end.
+  out_.send(it->second.handle.owner, msg::kv_registered{m.handle_id, it->second.lease_expiry_ms});
 }
 
 void broker_core::reclaim(int64_t now_ms) {

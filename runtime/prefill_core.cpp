@@ -98,6 +98,12 @@ void prefill_core::finish_step(int64_t now_ms) {
 
 void prefill_core::on_registered(const msg::kv_registered& m) {
   auto it = jobs_.find(m.handle_id);
+  if (it != jobs_.end() && it->second.state == prefill_state::handed_over) {
+    // The broker extended the lease (a pull or a renew): reclaiming earlier would free
+    // blocks the broker still lends out.
+    it->second.wait_until_ms = std::max(it->second.wait_until_ms, m.lease_expiry_ms + settings_.lease_grace_ms);
+    return;
+  }
   if (it == jobs_.end() || it->second.state != prefill_state::registering) {
     ++counters_["stale_acks"];
     return;
