@@ -907,6 +907,7 @@ tokenizer::impl::impl(tokenizer_spec s) : spec(std::move(s)) {
     ignore_merges = ignore_merges || pre_tokenizer_family_ignores_merges(spec.pre_tokenizer);
   }
   for (const auto& p : patterns) regexes.push_back(std::make_unique<split_regex>(p));
+  spec.ignore_merges = ignore_merges;  // spec() tells what is in effect
 
   if (spec.bos_id && (*spec.bos_id < 0 || static_cast<std::size_t>(*spec.bos_id) >= n)) {
     throw std::invalid_argument("tokenizer: bos id " + std::to_string(*spec.bos_id) +

@@ -308,6 +308,7 @@ TEST_CASE("a GGUF-style spec that names only the pre-tokenizer family encodes li
       }
       spec.pre_tokenizer = family;
       const duet::tokenizer tok{std::move(spec)};
+      CHECK(tok.spec().ignore_merges == duet::pre_tokenizer_family_ignores_merges(family));
       check_records(tok, read_jsonl(dir / "golden.jsonl"), variant + " as " + family, true);
     }
   }
