@@ -7,8 +7,9 @@
 //
 // The clock is a number the caller advances (timers fire at their periods, as the actors'
 // tick/report/reclaim timers do); engine steps run explicitly; the network can drop or
-// delay messages matching a rule (fault injection); client addresses record every
-// admitted, rejected, token_batch and finish message per request.
+// delay messages matching a rule (fault injection); every address that is not one of the
+// cluster's actors is a client (as in the transport) and records every admitted, rejected,
+// token_batch and finish message it receives, per request.
 //
 // Header-only and free of any test framework, so tests and a simulator can both use it.
 #include <algorithm>
@@ -180,7 +181,7 @@ struct network_stats {
   uint64_t delivered = 0;
   uint64_t dropped = 0;     // by a fault rule
   uint64_t delayed = 0;     // by a fault rule
-  uint64_t unroutable = 0;  // destination is neither a core nor a client
+  uint64_t unroutable = 0;  // destination is not an address ("node/actor")
   uint64_t malformed = 0;   // refused by the codec at the receiver
   uint64_t unhandled = 0;   // a type the destination does not take
   std::map<msg::type_id, uint64_t> delivered_by_type;
@@ -259,6 +260,8 @@ class cluster {
   [[nodiscard]] std::size_t prefill_count() const { return prefills_.size(); }
   [[nodiscard]] std::size_t decode_count() const { return decodes_.size(); }
   [[nodiscard]] const cluster_options& options() const { return options_; }
+  /// Whether `address` is one of the cluster's actors (anything else is a client).
+  [[nodiscard]] bool is_core(const std::string& address) const { return routes_.contains(address); }
 
   // ---------------------------------------------------------------- the client side
 
@@ -524,10 +527,10 @@ class cluster {
     if (trace_) trace_(now_, env, frames);
     auto it = routes_.find(q.item.dst);
     if (it == routes_.end()) {
-      if (is_client(q.item.dst)) {
-        record_client(q.item.dst, env, frames);
-      } else {
+      if (msg::parse_address(q.item.dst).empty()) {
         ++stats_.unroutable;
+      } else {
+        record_client(q.item.dst, env, frames);
       }
       return;
     }
@@ -594,9 +597,6 @@ class cluster {
     if (outcome.status == msg::dispatch_status::malformed) ++stats_.malformed;
     else if (outcome.status == msg::dispatch_status::unhandled || !handled) ++stats_.unhandled;
   }
-
-  /// Client addresses are "client-<id>/<actor>" (messages/protocol.hpp).
-  [[nodiscard]] static bool is_client(std::string_view address) { return address.starts_with("client"); }
 
   void record_client(const std::string& address, const msg::envelope& env, const msg::frames& frames) {
     client_log& log = clients_[address];

@@ -1995,6 +1995,28 @@ TEST_CASE("an adoption that waits for memory longer than the lease keeps one own
   check_clean(c);
 }
 
+TEST_CASE("two clients using the same request id each get their own answers") {
+  cluster c;
+  const std::string gateway_client = "n0/c-7f3a";  // a client as the transport addresses it
+  c.submit(1, prompt_of(20, 1), with_max_new(3));
+  c.submit(1, prompt_of(20, 2), with_max_new(5), 0, gateway_client);
+  c.settle();
+  CHECK(c.request(1).tokens == output_of(prompt_of(20, 1), 3));
+  CHECK(c.request(1, gateway_client).tokens == output_of(prompt_of(20, 2), 5));
+  CHECK(c.request(1).finals() == 1);
+  CHECK(c.request(1, gateway_client).finals() == 1);
+  CHECK(c.clients().size() == 2);
+  check_clean(c);
+}
+
+TEST_CASE("a message to something that is not an address is counted as unroutable") {
+  cluster c;
+  c.send_from(c.router_address(), "no-slash", msg::finish{});
+  c.settle();
+  CHECK(c.network().unroutable == 1);
+  CHECK(c.clients().empty());
+}
+
 TEST_CASE("a rejected request gets exactly one rejection through the cluster") {
   cluster c;
   c.submit(1, {}, with_max_new(4));
@@ -2030,8 +2052,8 @@ TEST_CASE("the whole cluster answers 1,000 requests exactly once through random 
   // the decode worker already answered. Exactly-once across that loss needs a protocol
   // change (an acknowledged request_done, or the final relayed by the router).
   auto loss = std::make_shared<std::mt19937_64>(7);
-  c.add_fault([loss](const msg::envelope& env, const msg::frames&) {
-    const bool internal = !env.src.starts_with("client") && !env.dst.starts_with("client");
+  c.add_fault([loss, &c](const msg::envelope& env, const msg::frames&) {
+    const bool internal = c.is_core(env.src) && c.is_core(env.dst);
     if (!internal || env.type == static_cast<uint16_t>(msg::type_id::request_done)) return fault_action::deliver();
     return (*loss)() % 100 == 0 ? fault_action::drop() : fault_action::deliver();
   });
