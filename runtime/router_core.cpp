@@ -184,7 +184,13 @@ void router_core::on_load(const std::string& from, const msg::load_report& m, in
 
 void router_core::tick(int64_t now_ms) {
   std::vector<uint64_t> give_up;
+  std::vector<uint64_t> orphaned;  // their worker stopped reporting: it died or is cut off
   for (auto& [id, r] : requests_) {
+    const std::string& holder = r.state == request_state::prefilling ? r.prefill : r.decode;
+    if (workers_.at(holder).last_seen_ms > 0 && !alive(holder, now_ms)) {
+      orphaned.push_back(id);
+      continue;
+    }
     if (now_ms < r.deadline_ms) continue;
     if (!r.cancel_sent) {
       r.cancel_sent = true;
@@ -203,6 +209,16 @@ void router_core::tick(int64_t now_ms) {
     answer_and_forget(r, msg::finish_reason::timeout, msg::error_code::timeout,
                       "workers did not answer before the deadline",
                       r.state == request_state::decoding ? 1 : 0);  // the first token went out
+  }
+  for (uint64_t id : orphaned) {
+    request& r = requests_.at(id);
+    const std::string holder = r.state == request_state::prefilling ? r.prefill : r.decode;
+    ++counters_["orphaned"];
+    if (r.handle_id != 0) out_.send(settings_.broker, msg::kv_drop{r.handle_id, "worker lost"});
+    if (r.state == request_state::prefilling) --workers_[r.prefill].outstanding;
+    if (!r.decode.empty()) --workers_[r.decode].outstanding;
+    answer_and_forget(r, msg::finish_reason::error, msg::error_code::unavailable,
+                      "worker " + holder + " stopped answering", 0);
   }
   ready_prefill_ = 0;
   ready_decode_ = 0;

@@ -370,3 +370,50 @@ TEST_CASE("nodes with different models refuse each other's messages") {
   REQUIRE(g.rejection.has_value());
   CHECK(g.rejection->code == msg::error_code::unavailable);
 }
+
+TEST_CASE("a killed decode node fails its requests fast, and a restarted one is used again") {
+  const std::string ep1 = "ipc:///tmp/" + unique("duet-r1") + ".sock";
+  const std::string ep2 = "ipc:///tmp/" + unique("duet-r2") + ".sock";
+  testing::temp_file file(unique("duet-restart") + ".toml", two_node_toml(ep1, ep2));
+  testing::child_process n1({testing::duet_binary(), "node", "--config", file.path.string(), "--name", "n1"});
+  auto n2 = std::make_unique<testing::child_process>(
+      std::vector<std::string>{testing::duet_binary(), "node", "--config", file.path.string(), "--name", "n2"});
+  client c(ep1, "n1/router");
+  REQUIRE(wait_ready(c, "n1/router", 10s));
+
+  msg::submit s;
+  s.request_id = 1;
+  s.prompt_tokens = {1, 2, 3, 4};
+  s.sampling.max_new_tokens = 100000 / 100;  // long enough to be mid-stream when killed
+  REQUIRE(c.submit(s));
+  uint32_t tokens = 0;
+  while (tokens < 5) {
+    for (auto& e : c.poll(20ms)) tokens += static_cast<uint32_t>(e.tokens.size());
+  }
+  n2->kill9();
+  // The router notices the silent worker (peer_timeout_ms = 2000) and answers the client.
+  std::optional<msg::finish> fin;
+  const auto until = steady::now() + 8s;
+  while (!fin && steady::now() < until) {
+    for (auto& e : c.poll(20ms)) {
+      if (e.what == client_event::kind::finished) fin = e.finish;
+    }
+  }
+  REQUIRE(fin.has_value());
+  CHECK(fin->reason == msg::finish_reason::error);
+  CHECK(fin->code == msg::error_code::unavailable);
+  CHECK(fin->message.find("stopped answering") != std::string::npos);
+
+  // ZeroMQ reconnects on its own; the new process's load reports make it eligible again.
+  n2 = std::make_unique<testing::child_process>(
+      std::vector<std::string>{testing::duet_binary(), "node", "--config", file.path.string(), "--name", "n2"});
+  REQUIRE(wait_ready(c, "n1/router", 10s));
+  s.request_id = 2;
+  s.sampling.max_new_tokens = 8;
+  const auto g = c.generate(s, 10s);
+  REQUIRE(g.finish.has_value());
+  CHECK(g.finish->reason == msg::finish_reason::length);
+  CHECK(g.tokens == reference_continuation(s.prompt_tokens, 8, 128256));
+  // The prefill side's blocks of the lost request came back through the broker's lease.
+  CHECK(pools_return_to_full(c, {"n1/prefill0", "n1/broker"}, 5s));
+}
