@@ -1,11 +1,13 @@
 #include <stdexcept>
 
+#include "runtime/cpu_engine.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/sim_engine.hpp"
 
 namespace duet {
 
 std::unique_ptr<engine> make_engine(const deployment_config& config, const actor_config& actor) {
+  if (config.engine.kind == "cpu") return make_cpu_engine(config, actor);
   if (config.engine.kind != "sim") {
     throw std::runtime_error("engine '" + config.engine.kind + "' is not available in this build");
   }

@@ -1,0 +1,727 @@
+#include "runtime/cpu_engine.hpp"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <numbers>
+#include <stdexcept>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define DUET_CPU_X86 1
+#endif
+
+// Numerics (docs/cpu-engine.md): every output element of a matrix product, every attention
+// score and every weighted sum is computed by one fixed sequence of operations, whichever
+// kernel variant (row/column tile) computes it and however rows are batched or split over
+// threads. So chunked prefill, one-shot prefill and decode give bit-identical results.
+// This file is compiled with -ffp-contract=off: only the explicit FMAs below are fused.
+
+namespace duet {
+
+namespace {
+
+// ------------------------------------------------------------------------------------- kernels
+
+// out[r * C + c] = dot(xr[r], wr[c]) over k elements, for an R x C tile.
+using tile_fn = void (*)(const float* const* xr, const float* const* wr, std::size_t k, float* out);
+using axpy_fn = void (*)(float* y, float a, const float* x, std::size_t n);
+
+struct kernel_table {
+  tile_fn t24, t14, t21, t11;
+  axpy_fn axpy;
+  const char* name;
+};
+
+// Generic kernels: 8 independent partial sums per output (lane l takes k = l mod 8), combined
+// in a fixed tree, then the tail in order.
+inline float finish_generic(const float* acc, const float* x, const float* w, std::size_t k8, std::size_t k) {
+  float s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+  for (std::size_t i = k8; i < k; ++i) s += x[i] * w[i];
+  return s;
+}
+
+template <int R, int C>
+void tile_generic(const float* const* xr, const float* const* wr, std::size_t k, float* out) {
+  float acc[R][C][8] = {};
+  const std::size_t k8 = k & ~std::size_t{7};
+  for (std::size_t i = 0; i < k8; i += 8) {
+    for (int r = 0; r < R; ++r) {
+      for (int c = 0; c < C; ++c) {
+        for (int l = 0; l < 8; ++l) acc[r][c][l] += xr[r][i + l] * wr[c][i + l];
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) out[r * C + c] = finish_generic(acc[r][c], xr[r], wr[c], k8, k);
+  }
+}
+
+void axpy_generic(float* y, float a, const float* x, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+#ifdef DUET_CPU_X86
+// AVX2 + FMA kernels: 8 lanes per __m256 accumulator, lane l takes k = l mod 8 (fused), then
+// the same reduction tree as the generic kernels, then the tail with scalar FMAs.
+__attribute__((target("avx2,fma"))) inline float finish_avx2(__m256 acc, const float* x, const float* w,
+                                                            std::size_t k8, std::size_t k) {
+  const __m128 lo = _mm256_castps256_ps128(acc);
+  const __m128 hi = _mm256_extractf128_ps(acc, 1);
+  __m128 s = _mm_add_ps(lo, hi);                   // (a0+a4, a1+a5, a2+a6, a3+a7)
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));          // ((a0+a4)+(a2+a6), (a1+a5)+(a3+a7), ..)
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));   // lane0 + lane1
+  float total = _mm_cvtss_f32(s);
+  for (std::size_t i = k8; i < k; ++i) total = std::fma(x[i], w[i], total);
+  return total;
+}
+
+template <int R, int C>
+__attribute__((target("avx2,fma"))) void tile_avx2(const float* const* xr, const float* const* wr, std::size_t k,
+                                                   float* out) {
+  __m256 acc[R][C];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  }
+  const std::size_t k8 = k & ~std::size_t{7};
+  for (std::size_t i = 0; i < k8; i += 8) {
+    __m256 wv[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) wv[c] = _mm256_loadu_ps(wr[c] + i);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 xv = _mm256_loadu_ps(xr[r] + i);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) out[r * C + c] = finish_avx2(acc[r][c], xr[r], wr[c], k8, k);
+  }
+}
+
+__attribute__((target("avx2,fma"))) void axpy_avx2(float* y, float a, const float* x, std::size_t n) {
+  const __m256 av = _mm256_set1_ps(a);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  }
+  for (; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
+}
+#endif
+
+const kernel_table& kernels() {
+  static const kernel_table table = [] {
+#ifdef DUET_CPU_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+      return kernel_table{tile_avx2<2, 4>, tile_avx2<1, 4>, tile_avx2<2, 1>, tile_avx2<1, 1>, axpy_avx2, "avx2+fma"};
+    }
+#endif
+    return kernel_table{tile_generic<2, 4>, tile_generic<1, 4>, tile_generic<2, 1>, tile_generic<1, 1>, axpy_generic,
+                        "generic"};
+  }();
+  return table;
+}
+
+float dot(const float* a, const float* b, std::size_t n) {
+  float out;
+  kernels().t11(&a, &b, n, &out);
+  return out;
+}
+
+// y[m][n] = dot(x[m], w[n]) + bias[n] for n in [n0, n1): x is [m, k] (row stride ldx), w is
+// [N, k] row-major, y has row stride ldy.
+struct matmul_args {
+  const float* x;
+  std::size_t ldx;
+  const float* w;
+  const float* bias;  // nullptr: none
+  float* y;
+  std::size_t ldy;
+  std::size_t m;
+  std::size_t k;
+};
+
+void matmul_block(const matmul_args& a, std::size_t n0, std::size_t n1) {
+  const kernel_table& kt = kernels();
+  constexpr std::size_t row_block = 32;  // rows of x kept hot while a block of w streams
+  auto store = [&](std::size_t m, std::size_t n, float value) {
+    a.y[m * a.ldy + n] = a.bias ? value + a.bias[n] : value;
+  };
+  for (std::size_t m0 = 0; m0 < a.m; m0 += row_block) {
+    const std::size_t m1 = std::min(a.m, m0 + row_block);
+    std::size_t n = n0;
+    for (; n + 4 <= n1; n += 4) {
+      const float* wr[4] = {a.w + n * a.k, a.w + (n + 1) * a.k, a.w + (n + 2) * a.k, a.w + (n + 3) * a.k};
+      std::size_t m = m0;
+      for (; m + 2 <= m1; m += 2) {
+        const float* xr[2] = {a.x + m * a.ldx, a.x + (m + 1) * a.ldx};
+        float out[8];
+        kt.t24(xr, wr, a.k, out);
+        for (int r = 0; r < 2; ++r) {
+          for (int c = 0; c < 4; ++c) store(m + r, n + c, out[r * 4 + c]);
+        }
+      }
+      if (m < m1) {
+        const float* xr[1] = {a.x + m * a.ldx};
+        float out[4];
+        kt.t14(xr, wr, a.k, out);
+        for (int c = 0; c < 4; ++c) store(m, n + c, out[c]);
+      }
+    }
+    for (; n < n1; ++n) {
+      const float* wr[1] = {a.w + n * a.k};
+      std::size_t m = m0;
+      for (; m + 2 <= m1; m += 2) {
+        const float* xr[2] = {a.x + m * a.ldx, a.x + (m + 1) * a.ldx};
+        float out[2];
+        kt.t21(xr, wr, a.k, out);
+        store(m, n, out[0]);
+        store(m + 1, n, out[1]);
+      }
+      if (m < m1) {
+        const float* xr[1] = {a.x + m * a.ldx};
+        float out;
+        kt.t11(xr, wr, a.k, &out);
+        store(m, n, out);
+      }
+    }
+  }
+}
+
+// y = x w^T (+ bias), over the pool: tasks are blocks of 16 rows of w.
+void matmul(worker_pool& pool, const float* x, std::size_t m, std::size_t k, const float* w, std::size_t n,
+            const float* bias, float* y) {
+  constexpr std::size_t col_block = 16;
+  const matmul_args a{x, k, w, bias, y, n, m, k};
+  const std::size_t tasks = (n + col_block - 1) / col_block;
+  pool.run(tasks, [&](std::size_t t, unsigned) {
+    matmul_block(a, t * col_block, std::min(n, (t + 1) * col_block));
+  });
+}
+
+// Runs fn(row) for rows [0, rows), in parallel when the work is large enough to pay for it.
+template <class F>
+void for_rows(worker_pool& pool, std::size_t rows, std::size_t cost_per_row, F&& fn) {
+  if (rows * cost_per_row < (1u << 16) || rows < 2) {
+    for (std::size_t r = 0; r < rows; ++r) fn(r);
+    return;
+  }
+  const std::size_t per_task = std::max<std::size_t>(1, (1u << 15) / std::max<std::size_t>(cost_per_row, 1));
+  const std::size_t tasks = (rows + per_task - 1) / per_task;
+  pool.run(tasks, [&](std::size_t t, unsigned) {
+    for (std::size_t r = t * per_task; r < std::min(rows, (t + 1) * per_task); ++r) fn(r);
+  });
+}
+
+// Hugging Face LlamaRMSNorm in float32: x * rsqrt(mean(x^2) + eps), then * weight.
+void rms_norm(const float* x, const float* weight, std::size_t n, float eps, float* out) {
+  double sum = 0;
+  for (std::size_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
+  const float variance = static_cast<float>(sum / static_cast<double>(n));
+  const float inv = 1.0f / std::sqrt(variance + eps);
+  for (std::size_t i = 0; i < n; ++i) out[i] = weight[i] * (x[i] * inv);
+}
+
+uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+
+}  // namespace
+
+// ------------------------------------------------------------------------------ kv_block_layout
+
+kv_block_layout kv_block_layout::make(uint32_t layers, uint32_t kv_heads, uint32_t head_dim, uint32_t block_tokens) {
+  kv_block_layout l;
+  l.layers = layers;
+  l.kv_heads = kv_heads;
+  l.head_dim = head_dim;
+  l.block_tokens = block_tokens;
+  l.block_bytes = round_up(2ull * layers * kv_heads * head_dim * block_tokens * sizeof(float), 256);
+  return l;
+}
+
+// ---------------------------------------------------------------------------------------- RoPE
+
+std::vector<float> rope_inv_freq(const transformer_config& c) {
+  // transformers' _compute_default_rope_parameters, in float32 as torch evaluates it:
+  // 1.0 / (base ** (arange(0, dim, 2).float() / dim)).
+  const uint32_t dim = c.head_dim;
+  const float base = static_cast<float>(c.rope_theta);
+  std::vector<float> inv(dim / 2);
+  for (uint32_t i = 0; i < dim / 2; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(dim);
+    const auto power = static_cast<float>(std::pow(static_cast<double>(base), static_cast<double>(exponent)));
+    inv[i] = 1.0f / power;
+  }
+  if (!c.rope_scaling) return inv;
+  // _compute_llama3_parameters, op by op in float32 (tensor-with-Python-scalar arithmetic
+  // rounds the scalar to float32; `scalar / tensor` is reciprocal(tensor) * scalar).
+  const rope_scaling_config& s = *c.rope_scaling;
+  const auto factor = static_cast<float>(s.factor);
+  const auto old_context = static_cast<float>(s.original_max_position_embeddings);
+  const auto low_freq_wavelen = static_cast<float>(s.original_max_position_embeddings / s.low_freq_factor);
+  const auto high_freq_wavelen = static_cast<float>(s.original_max_position_embeddings / s.high_freq_factor);
+  const auto two_pi = static_cast<float>(2 * std::numbers::pi);
+  const float high_minus_low = static_cast<float>(s.high_freq_factor - s.low_freq_factor);
+  for (float& f : inv) {
+    const float wavelen = (1.0f / f) * two_pi;
+    float scaled = wavelen > low_freq_wavelen ? f / factor : f;
+    const float smooth = ((1.0f / wavelen) * old_context - static_cast<float>(s.low_freq_factor)) / high_minus_low;
+    const float smoothed = (1.0f - smooth) * scaled / factor + smooth * scaled;
+    const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+    if (medium) scaled = smoothed;
+    f = scaled;
+  }
+  return inv;
+}
+
+rope_table::rope_table(const transformer_config& config, uint32_t positions)
+    : inv_freq_(rope_inv_freq(config)), positions_(positions), half_(config.head_dim / 2) {
+  cos_.resize(std::size_t{positions} * half_);
+  sin_.resize(std::size_t{positions} * half_);
+  for (uint32_t p = 0; p < positions; ++p) {
+    for (uint32_t i = 0; i < half_; ++i) {
+      const float angle = inv_freq_[i] * static_cast<float>(p);
+      cos_[std::size_t{p} * half_ + i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+      sin_[std::size_t{p} * half_ + i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+    }
+  }
+}
+
+void rope_table::apply(float* x, uint32_t position) const {
+  const float* c = cos(position);
+  const float* s = sin(position);
+  for (uint32_t i = 0; i < half_; ++i) {
+    const float a = x[i];
+    const float b = x[i + half_];
+    x[i] = a * c[i] + (-b) * s[i];
+    x[i + half_] = b * c[i] + a * s[i];
+  }
+}
+
+// ----------------------------------------------------------------------------------- attention
+
+void paged_attention(const paged_attention_params& p, uint32_t token, uint32_t head, float* scratch) {
+  const kv_block_layout& l = p.layout;
+  const uint32_t hd = l.head_dim;
+  const uint32_t kv_head = head / (p.heads / l.kv_heads);
+  const uint32_t length = p.start + token + 1;
+  const float* q = p.q + (std::size_t{token} * p.heads + head) * hd;
+  float* out = p.out + (std::size_t{token} * p.heads + head) * hd;
+  const uint64_t block_floats = l.block_floats();
+
+  float max_score = -INFINITY;
+  for (uint32_t j0 = 0, b = 0; j0 < length; j0 += l.block_tokens, ++b) {
+    const float* keys = p.pool + p.block_table[b] * block_floats + l.offset(p.layer, 0, kv_head, 0);
+    const uint32_t n = std::min(l.block_tokens, length - j0);
+    for (uint32_t s = 0; s < n; ++s) {
+      const float score = dot(q, keys + std::size_t{s} * hd, hd) * p.scale;
+      scratch[j0 + s] = score;
+      max_score = std::max(max_score, score);
+    }
+  }
+  float sum = 0;
+  for (uint32_t j = 0; j < length; ++j) {
+    scratch[j] = std::exp(scratch[j] - max_score);
+    sum += scratch[j];
+  }
+  std::fill(out, out + hd, 0.0f);
+  const axpy_fn axpy = kernels().axpy;
+  for (uint32_t j0 = 0, b = 0; j0 < length; j0 += l.block_tokens, ++b) {
+    const float* values = p.pool + p.block_table[b] * block_floats + l.offset(p.layer, 1, kv_head, 0);
+    const uint32_t n = std::min(l.block_tokens, length - j0);
+    for (uint32_t s = 0; s < n; ++s) axpy(out, scratch[j0 + s] / sum, values + std::size_t{s} * hd, hd);
+  }
+}
+
+// --------------------------------------------------------------------------------- worker_pool
+
+worker_pool::worker_pool(unsigned threads) {
+  threads = std::max(1u, threads);
+  for (unsigned i = 1; i < threads; ++i) threads_.emplace_back([this, i] { work(i); });
+}
+
+worker_pool::~worker_pool() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+void worker_pool::run(std::size_t tasks, const std::function<void(std::size_t, unsigned)>& fn) {
+  if (tasks == 0) return;
+  if (threads_.empty() || tasks == 1) {
+    for (std::size_t t = 0; t < tasks; ++t) fn(t, 0);
+    return;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    job_ = &fn;
+    tasks_ = tasks;
+    next_ = 0;
+    error_ = nullptr;
+    busy_ = static_cast<unsigned>(threads_.size());
+    ++generation_;
+  }
+  wake_.notify_all();
+  drain(0);
+  std::unique_lock lock(mutex_);
+  done_.wait(lock, [this] { return busy_ == 0; });
+  job_ = nullptr;
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+}
+
+void worker_pool::work(unsigned worker) {
+  uint64_t seen = 0;
+  while (true) {
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+    }
+    drain(worker);
+    std::lock_guard lock(mutex_);
+    if (--busy_ == 0) done_.notify_one();
+  }
+}
+
+void worker_pool::drain(unsigned worker) {
+  while (true) {
+    std::size_t task;
+    {
+      std::lock_guard lock(mutex_);
+      if (next_ >= tasks_) return;
+      task = next_++;
+    }
+    try {
+      (*job_)(task, worker);
+    } catch (...) {
+      std::lock_guard lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+      next_ = tasks_;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------- cpu_engine
+
+struct cpu_engine::row_group {
+  std::size_t first_row = 0;
+  uint32_t rows = 0;
+  uint32_t start = 0;  // position of the first row
+  std::span<const uint32_t> blocks;
+};
+
+namespace {
+
+unsigned thread_count(uint32_t requested) {
+  if (requested > 0) return requested;
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+}  // namespace
+
+cpu_engine::cpu_engine(std::shared_ptr<const model_weights> weights, cpu_engine_params params)
+    : weights_(std::move(weights)),
+      params_(std::move(params)),
+      layout_(),
+      rope_(weights_ ? weights_->config : transformer_config{},
+            weights_ ? std::min(params_.max_context, weights_->config.max_position_embeddings) : 0),
+      pool_(thread_count(params_.threads)) {
+  if (!weights_) throw std::invalid_argument("cpu_engine: no weights");
+  weights_->validate();
+  if (params_.kv_blocks == 0) throw std::invalid_argument("cpu_engine: kv_blocks must be positive");
+  if (params_.block_tokens == 0) throw std::invalid_argument("cpu_engine: block_tokens must be positive");
+  if (params_.max_context == 0) throw std::invalid_argument("cpu_engine: max_context must be positive");
+  const transformer_config& c = weights_->config;
+  layout_ = kv_block_layout::make(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, params_.block_tokens);
+  kv_bytes_ = layout_.block_bytes * params_.kv_blocks;
+  void* p = ::mmap(nullptr, kv_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    throw std::runtime_error("cpu_engine: cannot allocate a KV pool of " + std::to_string(kv_bytes_) + " bytes (" +
+                             std::to_string(params_.kv_blocks) + " blocks)");
+  }
+  kv_ = static_cast<float*>(p);
+
+  info_.engine = "cpu";
+  info_.model = params_.served_name;
+  info_.vocab_size = c.vocab_size;
+  info_.max_context = rope_.positions();
+  info_.block_tokens = params_.block_tokens;
+  info_.block_bytes = layout_.block_bytes;
+  info_.layout_hash = layout_hash(params_.served_name, "f32", c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
+                                  params_.block_tokens);
+  info_.eos_ids = c.eos_token_ids;
+  scratch_.resize(pool_.size());
+  samplers_.resize(pool_.size());
+}
+
+cpu_engine::~cpu_engine() {
+  if (kv_) ::munmap(kv_, kv_bytes_);
+}
+
+const char* cpu_engine::kernel_name() { return kernels().name; }
+
+float* cpu_engine::block_ptr(uint32_t block) const { return kv_ + std::size_t{block} * layout_.block_floats(); }
+
+std::span<const float> cpu_engine::last_logits(std::size_t i) const {
+  if (i >= samples_.size()) throw std::out_of_range("cpu_engine::last_logits: no output " + std::to_string(i));
+  return {logits_.data() + i * info_.vocab_size, info_.vocab_size};
+}
+
+void cpu_engine::check_blocks(std::span<const uint32_t> blocks, uint64_t positions, const char* what) const {
+  const uint64_t needed = (positions + params_.block_tokens - 1) / params_.block_tokens;
+  if (blocks.size() < needed) {
+    throw std::invalid_argument(std::string("cpu_engine: ") + what + ": " + std::to_string(positions) +
+                                " positions need " + std::to_string(needed) + " blocks, the block table has " +
+                                std::to_string(blocks.size()));
+  }
+  for (uint64_t i = 0; i < needed; ++i) {
+    if (blocks[i] >= params_.kv_blocks) {
+      throw std::invalid_argument(std::string("cpu_engine: ") + what + ": block " + std::to_string(blocks[i]) +
+                                  " is outside the pool of " + std::to_string(params_.kv_blocks));
+    }
+  }
+}
+
+void cpu_engine::forward(std::span<const int32_t> tokens, std::span<const row_group> groups,
+                         std::span<const uint32_t> output_rows) {
+  const transformer_config& c = weights_->config;
+  const model_weights& w = *weights_;
+  const std::size_t rows = tokens.size();
+  const std::size_t hidden = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(), ffn = c.intermediate_size;
+  const uint32_t hd = c.head_dim, heads = c.num_attention_heads, kv_heads = c.num_key_value_heads;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+
+  x_.resize(rows * hidden);
+  h_.resize(rows * hidden);
+  q_.resize(rows * qd);
+  k_.resize(rows * kvd);
+  v_.resize(rows * kvd);
+  attn_.resize(rows * qd);
+  gate_.resize(rows * ffn);
+  up_.resize(rows * ffn);
+  std::vector<uint32_t> position(rows);
+  uint32_t longest = 0;
+  for (const row_group& g : groups) {
+    for (uint32_t r = 0; r < g.rows; ++r) position[g.first_row + r] = g.start + r;
+    longest = std::max(longest, g.start + g.rows);
+  }
+  for (auto& s : scratch_) s.resize(std::max<std::size_t>(s.size(), longest));
+
+  for (std::size_t r = 0; r < rows; ++r) {
+    std::memcpy(&x_[r * hidden], &w.embedding[static_cast<std::size_t>(tokens[r]) * hidden], hidden * sizeof(float));
+  }
+  // (group, row within group, head) for every attention task.
+  std::size_t attention_tasks = rows * heads;
+
+  for (uint32_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    const layer_weights& lw = w.layers[layer];
+    for_rows(pool_, rows, hidden, [&](std::size_t r) {
+      rms_norm(&x_[r * hidden], lw.input_norm.data(), hidden, eps, &h_[r * hidden]);
+    });
+    matmul(pool_, h_.data(), rows, hidden, lw.q.data(), qd, lw.q_bias.empty() ? nullptr : lw.q_bias.data(), q_.data());
+    matmul(pool_, h_.data(), rows, hidden, lw.k.data(), kvd, lw.k_bias.empty() ? nullptr : lw.k_bias.data(), k_.data());
+    matmul(pool_, h_.data(), rows, hidden, lw.v.data(), kvd, lw.v_bias.empty() ? nullptr : lw.v_bias.data(), v_.data());
+    for_rows(pool_, rows, qd + kvd, [&](std::size_t r) {
+      for (uint32_t h = 0; h < heads; ++h) rope_.apply(&q_[r * qd + std::size_t{h} * hd], position[r]);
+      for (uint32_t h = 0; h < kv_heads; ++h) rope_.apply(&k_[r * kvd + std::size_t{h} * hd], position[r]);
+    });
+    // Store this step's K and V in the pool, then attend over the pages (earlier chunks included).
+    for (const row_group& g : groups) {
+      for (uint32_t r = 0; r < g.rows; ++r) {
+        const uint32_t pos = g.start + r;
+        float* block = block_ptr(g.blocks[pos / params_.block_tokens]);
+        const uint32_t slot = pos % params_.block_tokens;
+        for (uint32_t h = 0; h < kv_heads; ++h) {
+          std::memcpy(block + layout_.offset(layer, 0, h, slot), &k_[(g.first_row + r) * kvd + std::size_t{h} * hd],
+                      hd * sizeof(float));
+          std::memcpy(block + layout_.offset(layer, 1, h, slot), &v_[(g.first_row + r) * kvd + std::size_t{h} * hd],
+                      hd * sizeof(float));
+        }
+      }
+    }
+    std::vector<paged_attention_params> params(groups.size());
+    std::vector<uint32_t> group_of_row(rows);
+    for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+      const row_group& g = groups[gi];
+      params[gi] = paged_attention_params{&q_[g.first_row * qd], &attn_[g.first_row * qd], kv_, layout_,
+                                          g.blocks.data(), layer, heads, g.start, scale};
+      for (uint32_t r = 0; r < g.rows; ++r) group_of_row[g.first_row + r] = static_cast<uint32_t>(gi);
+    }
+    pool_.run(attention_tasks, [&](std::size_t t, unsigned worker) {
+      const std::size_t row = t / heads;
+      const auto head = static_cast<uint32_t>(t % heads);
+      const uint32_t gi = group_of_row[row];
+      paged_attention(params[gi], static_cast<uint32_t>(row - groups[gi].first_row), head, scratch_[worker].data());
+    });
+    // Output projection and residual.
+    matmul(pool_, attn_.data(), rows, qd, lw.o.data(), hidden, lw.o_bias.empty() ? nullptr : lw.o_bias.data(),
+           h_.data());
+    for (std::size_t i = 0; i < rows * hidden; ++i) x_[i] += h_[i];
+    // SwiGLU MLP and residual.
+    for_rows(pool_, rows, hidden, [&](std::size_t r) {
+      rms_norm(&x_[r * hidden], lw.post_attention_norm.data(), hidden, eps, &h_[r * hidden]);
+    });
+    matmul(pool_, h_.data(), rows, hidden, lw.gate.data(), ffn, nullptr, gate_.data());
+    matmul(pool_, h_.data(), rows, hidden, lw.up.data(), ffn, nullptr, up_.data());
+    for_rows(pool_, rows, ffn, [&](std::size_t r) {
+      float* g = &gate_[r * ffn];
+      const float* u = &up_[r * ffn];
+      for (std::size_t i = 0; i < ffn; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    });
+    matmul(pool_, gate_.data(), rows, ffn, lw.down.data(), hidden, nullptr, h_.data());
+    for (std::size_t i = 0; i < rows * hidden; ++i) x_[i] += h_[i];
+  }
+
+  // Final norm and LM head, only for the rows that sample.
+  const std::size_t outputs = output_rows.size();
+  std::vector<float> normed(outputs * hidden);
+  for (std::size_t o = 0; o < outputs; ++o) {
+    rms_norm(&x_[output_rows[o] * hidden], w.final_norm.data(), hidden, eps, &normed[o * hidden]);
+  }
+  logits_.resize(outputs * c.vocab_size);
+  matmul(pool_, normed.data(), outputs, hidden, w.output_weights().data(), c.vocab_size, nullptr, logits_.data());
+}
+
+step_output cpu_engine::prefill(std::span<const prefill_chunk> chunks) {
+  const uint32_t vocab = info_.vocab_size;
+  std::size_t total = 0;
+  for (const auto& ch : chunks) {
+    if (ch.tokens.empty()) throw std::invalid_argument("cpu_engine: prefill chunk of sequence " + std::to_string(ch.seq_id) + " is empty");
+    const uint64_t end = uint64_t{ch.start} + ch.tokens.size();
+    if (end > info_.max_context) {
+      throw std::invalid_argument("cpu_engine: sequence " + std::to_string(ch.seq_id) + " reaches position " +
+                                  std::to_string(end) + ", over the context limit of " + std::to_string(info_.max_context));
+    }
+    for (int32_t t : ch.tokens) {
+      if (t < 0 || static_cast<uint32_t>(t) >= vocab) {
+        throw std::invalid_argument("cpu_engine: token " + std::to_string(t) + " of sequence " +
+                                    std::to_string(ch.seq_id) + " is outside the vocabulary of " + std::to_string(vocab));
+      }
+    }
+    check_blocks(ch.blocks, end, "prefill");
+    total += ch.tokens.size();
+  }
+
+  std::vector<int32_t> tokens;
+  tokens.reserve(total);
+  std::vector<row_group> groups;
+  std::vector<uint32_t> output_rows;
+  std::vector<const prefill_chunk*> sampled;
+  for (const auto& ch : chunks) {
+    groups.push_back({tokens.size(), static_cast<uint32_t>(ch.tokens.size()), ch.start, ch.blocks});
+    tokens.insert(tokens.end(), ch.tokens.begin(), ch.tokens.end());
+    const msg::sampling_params* sp = ch.sampling;
+    const bool penalties = sp && (sp->repetition_penalty != 1.0f || sp->frequency_penalty != 0.0f ||
+                                  sp->presence_penalty != 0.0f);
+    if (penalties) {
+      auto& seen = prompt_tokens_[ch.seq_id];
+      if (ch.start == 0) seen.clear();
+      seen.insert(seen.end(), ch.tokens.begin(), ch.tokens.end());
+    }
+    if (ch.last) {
+      output_rows.push_back(static_cast<uint32_t>(tokens.size() - 1));
+      sampled.push_back(&ch);
+    }
+  }
+  forward(tokens, groups, output_rows);
+
+  samples_.assign(sampled.size(), {});
+  pool_.run(sampled.size(), [&](std::size_t i, unsigned worker) {
+    const prefill_chunk& ch = *sampled[i];
+    std::span<const int32_t> context = ch.tokens;
+    if (auto it = prompt_tokens_.find(ch.seq_id); it != prompt_tokens_.end()) context = it->second;
+    samples_[i] = samplers_[worker].sample(last_logits(i), ch.sampling, context, sampler_seed(ch.sampling, ch.seq_id),
+                                           uint64_t{ch.start} + ch.tokens.size());
+  });
+  step_output out;
+  for (std::size_t i = 0; i < sampled.size(); ++i) {
+    out.tokens.push_back(samples_[i].token);
+    prompt_tokens_.erase(sampled[i]->seq_id);
+  }
+  return out;
+}
+
+step_output cpu_engine::decode(std::span<const decode_slot> slots) {
+  const uint32_t vocab = info_.vocab_size;
+  std::vector<int32_t> tokens;
+  std::vector<row_group> groups;
+  std::vector<uint32_t> output_rows;
+  for (const auto& s : slots) {
+    if (s.history.empty()) throw std::invalid_argument("cpu_engine: decode slot of sequence " + std::to_string(s.seq_id) + " has no history");
+    const uint64_t positions = s.history.size();
+    if (positions > info_.max_context) {
+      throw std::invalid_argument("cpu_engine: sequence " + std::to_string(s.seq_id) + " holds " + std::to_string(positions) +
+                                  " tokens, over the context limit of " + std::to_string(info_.max_context));
+    }
+    const int32_t t = s.history.back();
+    if (t < 0 || static_cast<uint32_t>(t) >= vocab) {
+      throw std::invalid_argument("cpu_engine: token " + std::to_string(t) + " of sequence " + std::to_string(s.seq_id) +
+                                  " is outside the vocabulary of " + std::to_string(vocab));
+    }
+    check_blocks(s.blocks, positions, "decode");
+    output_rows.push_back(static_cast<uint32_t>(tokens.size()));
+    groups.push_back({tokens.size(), 1, static_cast<uint32_t>(positions - 1), s.blocks});
+    tokens.push_back(t);
+  }
+  forward(tokens, groups, output_rows);
+
+  samples_.assign(slots.size(), {});
+  pool_.run(slots.size(), [&](std::size_t i, unsigned worker) {
+    const decode_slot& s = slots[i];
+    samples_[i] = samplers_[worker].sample(last_logits(i), s.sampling, s.history, sampler_seed(s.sampling, s.seq_id),
+                                           s.history.size());
+  });
+  step_output out;
+  for (const auto& r : samples_) out.tokens.push_back(r.token);
+  return out;
+}
+
+void cpu_engine::release(uint64_t seq_id) { prompt_tokens_.erase(seq_id); }
+
+bool cpu_engine::read_blocks(std::span<const uint32_t> blocks, std::span<std::byte> out) const {
+  if (out.size() != blocks.size() * layout_.block_bytes) return false;
+  for (uint32_t b : blocks) {
+    if (b >= params_.kv_blocks) return false;
+  }
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    std::memcpy(out.data() + i * layout_.block_bytes, block_ptr(blocks[i]), layout_.block_bytes);
+  }
+  return true;
+}
+
+bool cpu_engine::write_blocks(std::span<const uint32_t> blocks, std::span<const std::byte> in) {
+  if (in.size() != blocks.size() * layout_.block_bytes) return false;
+  for (uint32_t b : blocks) {
+    if (b >= params_.kv_blocks) return false;
+  }
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    std::memcpy(block_ptr(blocks[i]), in.data() + i * layout_.block_bytes, layout_.block_bytes);
+  }
+  return true;
+}
+
+std::unique_ptr<engine> make_cpu_engine(const deployment_config& config, const actor_config& actor) {
+  if (config.model.path.empty()) {
+    throw std::runtime_error("engine 'cpu' needs model.path: a Hugging Face model directory (config.json, *.safetensors)");
+  }
+  cpu_engine_params params;
+  params.served_name = config.model.name;
+  params.kv_blocks = actor.kv_blocks;
+  params.block_tokens = config.model.block_tokens;
+  params.max_context = config.model.max_context;
+  params.threads = config.engine.threads;
+  return std::make_unique<cpu_engine>(load_hf_model_shared(config.model.path), std::move(params));
+}
+
+}  // namespace duet
