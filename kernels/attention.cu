@@ -1,0 +1,409 @@
+#include <cfloat>
+
+#include "kernels/attention.cuh"
+#include "kernels/device_util.cuh"
+#include "kernels/launch.cuh"
+
+namespace duet::kernels {
+
+namespace {
+
+constexpr int head_dim = 128;
+constexpr float log2e = 1.4426950408889634f;
+
+// --------------------------------------------------------------------------- shared tile math
+//
+// A warp owns 16 query rows. Fragment layouts (mma.m16n8k16): lane = 4 g + t; an accumulator
+// tile c[4] of 16 x 8 holds (row g, cols 2t, 2t+1) in c[0..1] and (row g + 8, same cols) in c[2..3].
+
+/// s[NT] (16 rows x 8 NT keys) = q (16 x 128, A fragments) . K^T, K rows (keys) swizzled in smem.
+template <int NT>
+__device__ __forceinline__ void qk_tile(float (&s)[NT][4], const uint32_t (&qf)[8][4], const uint16_t* k_smem, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+    for (int nn = 0; nn < NT / 2; ++nn) {
+      uint32_t b[4];
+      dev::ldsm_x4(b, k_smem + dev::swz(nn * 16 + ((lane >> 4) & 1) * 8 + (lane & 7), kk * 2 + ((lane >> 3) & 1)));
+      dev::mma_bf16(s[2 * nn], qf[kk], b[0], b[1]);
+      dev::mma_bf16(s[2 * nn + 1], qf[kk], b[2], b[3]);
+    }
+  }
+}
+
+/// Online softmax update of rows g and g + 8: s becomes the probabilities (unnormalised), o and l
+/// are rescaled to the new running maximum m (kept in raw score units).
+template <int NT>
+__device__ __forceinline__ void softmax_update(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&o)[16][4],
+                                               float scale_log2) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[r], mx);
+    const float base = m_new == -INFINITY ? 0.0f : m_new * scale_log2;
+    const float alpha = exp2f(m[r] * scale_log2 - base);
+    m[r] = m_new;
+    l[r] *= alpha;
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+      o[nt][2 * r] *= alpha;
+      o[nt][2 * r + 1] *= alpha;
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      s[nt][2 * r] = exp2f(fmaf(s[nt][2 * r], scale_log2, -base));
+      s[nt][2 * r + 1] = exp2f(fmaf(s[nt][2 * r + 1], scale_log2, -base));
+      l[r] += s[nt][2 * r] + s[nt][2 * r + 1];
+    }
+  }
+}
+
+/// o (16 x 128) += p (16 x 8 NT, from the accumulators of softmax_update) . V, V rows swizzled in smem.
+template <int NT>
+__device__ __forceinline__ void pv_tile(float (&o)[16][4], const float (&s)[NT][4], const uint16_t* v_smem, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < NT / 2; ++kk) {
+    const uint32_t a[4] = {dev::pack(s[2 * kk][0], s[2 * kk][1]), dev::pack(s[2 * kk][2], s[2 * kk][3]),
+                           dev::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]), dev::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+    for (int dn = 0; dn < 8; ++dn) {
+      uint32_t b[4];
+      dev::ldsm_x4_t(b, v_smem + dev::swz(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), dn * 2 + ((lane >> 4) & 1)));
+      dev::mma_bf16(o[2 * dn], a, b[0], b[1]);
+      dev::mma_bf16(o[2 * dn + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+/// Copies `keys` K or V rows (16 chunks of 16 bytes each) of (layer, kv_head) starting at key
+/// `key0` into swizzled smem; keys at or past `key_end` become zeros. `lanes` threads take part.
+__device__ __forceinline__ void load_kv_rows(uint16_t* dst, const kv_pool_view& kv, const int32_t* table,
+                                             uint32_t layer, uint32_t kv_sel, uint32_t kv_head, int key0, int keys,
+                                             int key_end, int lane, int lanes) {
+  for (int i = lane; i < keys * 16; i += lanes) {
+    const int r = i >> 4, c = i & 15;
+    const int key = key0 + r;
+    const bool valid = key < key_end;
+    const uint16_t* src = kv.pool;
+    if (valid) {
+      const uint32_t block = static_cast<uint32_t>(table[key / static_cast<int>(kv.block_tokens)]);
+      const uint32_t slot = static_cast<uint32_t>(key) % kv.block_tokens;
+      src = kv.pool + static_cast<uint64_t>(block) * kv.block_elems + kv.offset(layer, kv_sel, kv_head, slot) + c * 8;
+    }
+    dev::cp_async16(dst + dev::swz(r, c), src, valid);
+  }
+}
+
+// ----------------------------------------------------------------------------------- prefill
+
+constexpr int pf_rows = 64;   // query rows per CTA (4 warps x 16)
+constexpr int pf_keys = 64;   // keys per tile
+constexpr int pf_threads = 128;
+constexpr int pf_smem = (pf_rows + 2 * pf_keys) * head_dim * 2;  // Q, K, V tiles: 48 KiB
+
+__global__ void __launch_bounds__(pf_threads) prefill_kernel(prefill_attention_params p) {
+  dev::pdl_wait();
+  extern __shared__ __align__(128) uint16_t smem[];
+  uint16_t* q_s = smem;
+  uint16_t* k_s = q_s + pf_rows * head_dim;
+  uint16_t* v_s = k_s + pf_keys * head_dim;
+
+  const int seq = blockIdx.z, head = blockIdx.y;
+  const int row_begin = p.seq_rows[seq];
+  const int rows = p.seq_rows[seq + 1] - row_begin;
+  const int tiles = (rows + pf_rows - 1) / pf_rows;
+  if (static_cast<int>(blockIdx.x) >= tiles) return;
+  const int m0 = (tiles - 1 - static_cast<int>(blockIdx.x)) * pf_rows;  // longest tiles first
+  const int pos0 = p.seq_start[seq] + m0;                                // position of the tile's row 0
+  const int kv_len = p.seq_start[seq] + min(m0 + pf_rows, rows);         // keys the tile needs
+  const uint32_t kv_head = head / (p.heads / p.kv_heads);
+  const int32_t* table = p.block_table + p.seq_table[seq];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+
+  for (int i = tid; i < pf_rows * 16; i += pf_threads) {
+    const int r = i >> 4, c = i & 15;
+    const bool valid = m0 + r < rows;
+    const uint16_t* src = valid ? p.q + static_cast<uint64_t>(row_begin + m0 + r) * p.q_stride + head * head_dim + c * 8 : p.q;
+    dev::cp_async16(q_s + dev::swz(r, c), src, valid);
+  }
+  load_kv_rows(k_s, p.kv, table, p.layer, 0, kv_head, 0, pf_keys, kv_len, tid, pf_threads);
+  dev::cp_async_commit();
+
+  const float scale_log2 = p.scale * log2e;
+  float o[16][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  uint32_t qf[8][4];
+  const int g = lane >> 2, t = lane & 3;
+  const int n_tiles = (kv_len + pf_keys - 1) / pf_keys;
+  for (int j = 0; j < n_tiles; ++j) {
+    dev::cp_async_wait<0>();
+    __syncthreads();  // K_j (and Q) visible; every warp is done with V_{j-1}
+    if (j == 0) {
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        dev::ldsm_x4(qf[kk], q_s + dev::swz(warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), kk * 2 + ((lane >> 4) & 1)));
+      }
+    }
+    load_kv_rows(v_s, p.kv, table, p.layer, 1, kv_head, j * pf_keys, pf_keys, kv_len, tid, pf_threads);
+    dev::cp_async_commit();
+
+    float s[8][4];
+    qk_tile<8>(s, qf, k_s, lane);
+    if (j * pf_keys + pf_keys - 1 > pos0) {  // some key of the tile lies after some row: mask
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = j * pf_keys + nt * 8 + 2 * t + (e & 1);
+          const int pos = pos0 + warp * 16 + g + (e >> 1) * 8;
+          if (key > pos) s[nt][e] = -INFINITY;
+        }
+      }
+    }
+    softmax_update<8>(s, m, l, o, scale_log2);
+
+    dev::cp_async_wait<0>();
+    __syncthreads();  // V_j visible; every warp is done with K_j
+    if (j + 1 < n_tiles) {
+      load_kv_rows(k_s, p.kv, table, p.layer, 0, kv_head, (j + 1) * pf_keys, pf_keys, kv_len, tid, pf_threads);
+      dev::cp_async_commit();
+    }
+    pv_tile<8>(o, s, v_s, lane);
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = l[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const int row = m0 + warp * 16 + g + r * 8;
+    if (row >= rows) continue;
+    uint16_t* dst = p.out + static_cast<uint64_t>(row_begin + row) * p.out_stride + head * head_dim + 2 * t;
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+      *reinterpret_cast<uint32_t*>(dst + nt * 8) = dev::pack(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------ decode
+
+constexpr int dc_keys = 32;  // keys per warp tile
+constexpr int dc_warps = 4;
+constexpr int dc_threads = dc_warps * 32;
+constexpr int dc_smem = dc_warps * 2 * dc_keys * head_dim * 2;  // K and V tile per warp: 64 KiB
+
+struct decode_workspace {
+  uint32_t* counters;  // [batch, kv_heads]
+  float* partial_o;    // [batch, heads, max_splits, 128]
+  float* partial_ml;   // [batch, heads, max_splits, 2]
+};
+
+__host__ __device__ inline uint64_t align256(uint64_t v) { return (v + 255) / 256 * 256; }
+
+__host__ __device__ inline decode_workspace carve(void* base, uint32_t batch, uint32_t heads, uint32_t kv_heads,
+                                                  uint32_t max_splits) {
+  char* p = static_cast<char*>(base);
+  decode_workspace w;
+  w.counters = reinterpret_cast<uint32_t*>(p);
+  p += align256(uint64_t{batch} * kv_heads * 4);
+  w.partial_o = reinterpret_cast<float*>(p);
+  p += align256(uint64_t{batch} * heads * max_splits * head_dim * 4);
+  w.partial_ml = reinterpret_cast<float*>(p);
+  return w;
+}
+
+/// The split of a sequence of `len` keys: `chunk` keys per CTA (a multiple of the warp tile), `splits` CTAs.
+__device__ __forceinline__ void split_of(int len, const decode_attention_params& p, int& chunk, int& splits) {
+  const int min_keys = max(static_cast<int>(p.split_min_keys), 1);
+  int want = min(static_cast<int>(p.max_splits), (len + min_keys - 1) / min_keys);
+  want = max(want, 1);
+  chunk = ((len + want - 1) / want + dc_keys - 1) / dc_keys * dc_keys;
+  splits = (len + chunk - 1) / chunk;
+}
+
+__global__ void __launch_bounds__(dc_threads) decode_kernel(decode_attention_params p) {
+  dev::pdl_wait();
+  extern __shared__ __align__(128) uint16_t smem[];
+  __shared__ bool last_cta;
+  const int b = blockIdx.z, kv_head = blockIdx.y, split = blockIdx.x;
+  const int group = p.heads / p.kv_heads;
+  const int len = p.seq_lens[b];
+  if (len <= 0) {  // nothing to attend: zeros (the precondition asks for len >= 1)
+    if (split == 0) {
+      for (int i = threadIdx.x; i < group * head_dim; i += blockDim.x) {
+        p.out[static_cast<uint64_t>(b) * p.out_stride + (kv_head * group) * head_dim + i] = 0;
+      }
+    }
+    return;
+  }
+  int chunk, splits;
+  split_of(len, p, chunk, splits);
+  if (split >= splits) return;
+  const int k_begin = split * chunk, k_end = min(len, k_begin + chunk);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int32_t* table = p.block_table + p.seq_table[b];
+  const float scale_log2 = p.scale * log2e;
+
+  // The group's query rows as A fragments, read straight from global memory (rows >= group: 0).
+  uint32_t qf[8][4];
+  const uint16_t* qrow = p.q + static_cast<uint64_t>(b) * p.q_stride + static_cast<uint64_t>(kv_head) * group * head_dim;
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+    for (int ri = 0; ri < 4; ++ri) {
+      const int row = g + (ri & 1) * 8, col = kk * 16 + 2 * t + (ri >> 1) * 8;
+      qf[kk][ri] = row < group ? *reinterpret_cast<const uint32_t*>(qrow + row * head_dim + col) : 0u;
+    }
+  }
+
+  float o[16][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  uint16_t* k_w = smem + warp * 2 * dc_keys * head_dim;
+  uint16_t* v_w = k_w + dc_keys * head_dim;
+  for (int key0 = k_begin + warp * dc_keys; key0 < k_end; key0 += dc_warps * dc_keys) {
+    load_kv_rows(k_w, p.kv, table, p.layer, 0, kv_head, key0, dc_keys, k_end, lane, 32);
+    load_kv_rows(v_w, p.kv, table, p.layer, 1, kv_head, key0, dc_keys, k_end, lane, 32);
+    dev::cp_async_commit();
+    dev::cp_async_wait<0>();
+    __syncwarp();
+    float s[4][4];
+    qk_tile<4>(s, qf, k_w, lane);
+    if (key0 + dc_keys > k_end) {
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (key0 + nt * 8 + 2 * t + (e & 1) >= k_end) s[nt][e] = -INFINITY;
+        }
+      }
+    }
+    softmax_update<4>(s, m, l, o, scale_log2);
+    pv_tile<4>(o, s, v_w, lane);
+    __syncwarp();
+  }
+
+  // Merge the four warps' states through shared memory.
+  __syncthreads();
+  float* so = reinterpret_cast<float*>(smem);  // [warp][16 rows][128]
+  float* sm = so + dc_warps * 16 * head_dim;   // [warp][16]
+  float* sl = sm + dc_warps * 16;              // [warp][16]
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = l[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int row = g + r * 8;
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+      so[(warp * 16 + row) * head_dim + nt * 8 + 2 * t] = o[nt][2 * r];
+      so[(warp * 16 + row) * head_dim + nt * 8 + 2 * t + 1] = o[nt][2 * r + 1];
+    }
+    if (t == 0) {
+      sm[warp * 16 + row] = m[r];
+      sl[warp * 16 + row] = sum;
+    }
+  }
+  __syncthreads();
+  const decode_workspace ws = carve(p.workspace, p.batch, p.heads, p.kv_heads, p.max_splits);
+  const int d = tid;  // 128 threads, one dimension each
+  for (int r = 0; r < group; ++r) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < dc_warps; ++w) mx = fmaxf(mx, sm[w * 16 + r]);
+    float sum = 0.0f, acc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < dc_warps; ++w) {
+      const float f = sm[w * 16 + r] == -INFINITY ? 0.0f : exp2f((sm[w * 16 + r] - mx) * scale_log2);
+      sum += sl[w * 16 + r] * f;
+      acc += so[(w * 16 + r) * head_dim + d] * f;
+    }
+    const int h = kv_head * group + r;
+    if (splits == 1) {
+      p.out[static_cast<uint64_t>(b) * p.out_stride + h * head_dim + d] = dev::to_bf(acc / sum);
+    } else {
+      const uint64_t at = (static_cast<uint64_t>(b) * p.heads + h) * p.max_splits + split;
+      ws.partial_o[at * head_dim + d] = acc;
+      if (d == 0) {
+        ws.partial_ml[at * 2] = mx;
+        ws.partial_ml[at * 2 + 1] = sum;
+      }
+    }
+  }
+  if (splits == 1) return;
+
+  // The last CTA of this (sequence, KV head) merges every split.
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    uint32_t* counter = ws.counters + static_cast<uint64_t>(b) * p.kv_heads + kv_head;
+    const uint32_t before = atomicAdd(counter, 1u);
+    last_cta = before == static_cast<uint32_t>(splits - 1);
+    if (last_cta) atomicExch(counter, 0u);
+  }
+  __syncthreads();
+  if (!last_cta) return;
+  __threadfence();
+  for (int r = 0; r < group; ++r) {
+    const int h = kv_head * group + r;
+    const uint64_t at0 = (static_cast<uint64_t>(b) * p.heads + h) * p.max_splits;
+    float mx = -INFINITY;
+    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, __ldcg(ws.partial_ml + (at0 + s) * 2));
+    float sum = 0.0f, acc = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const float f = exp2f((__ldcg(ws.partial_ml + (at0 + s) * 2) - mx) * scale_log2);
+      sum += __ldcg(ws.partial_ml + (at0 + s) * 2 + 1) * f;
+      acc += __ldcg(ws.partial_o + (at0 + s) * head_dim + d) * f;
+    }
+    p.out[static_cast<uint64_t>(b) * p.out_stride + h * head_dim + d] = dev::to_bf(acc / sum);
+  }
+}
+
+}  // namespace
+
+kstatus prefill_attention(const prefill_attention_params& p, cudaStream_t stream) {
+  DUET_KREQUIRE(p.kv.head_dim == head_dim, "prefill_attention: head_dim must be 128");
+  DUET_KREQUIRE(p.kv_heads > 0 && p.heads % p.kv_heads == 0 && p.kv_heads == p.kv.kv_heads,
+                "prefill_attention: kv_heads must divide heads and match the pool");
+  DUET_KREQUIRE(p.q_stride % 8 == 0 && p.out_stride % 8 == 0, "prefill_attention: strides must be multiples of 8");
+  DUET_KREQUIRE(p.layer < p.kv.layers && p.kv.block_tokens > 0, "prefill_attention: bad layer or block size");
+  DUET_KREQUIRE(p.q && p.out && p.kv.pool && p.block_table && p.seq_rows && p.seq_start && p.seq_table,
+                "prefill_attention: null pointer");
+  DUET_KREQUIRE(p.heads <= 65535 && p.seqs <= 65535, "prefill_attention: too many heads or sequences");
+  if (p.seqs == 0 || p.max_seq_rows == 0) return {};
+  const dim3 grid((p.max_seq_rows + pf_rows - 1) / pf_rows, p.heads, p.seqs);
+  DUET_KCHECK(launch(prefill_kernel, grid, dim3(pf_threads), pf_smem, stream, p));
+  return {};
+}
+
+uint64_t decode_attention_workspace_bytes(uint32_t batch, uint32_t heads, uint32_t kv_heads, uint32_t max_splits) {
+  return align256(uint64_t{batch} * kv_heads * 4) + align256(uint64_t{batch} * heads * max_splits * head_dim * 4) +
+         align256(uint64_t{batch} * heads * max_splits * 2 * 4);
+}
+
+kstatus decode_attention(const decode_attention_params& p, cudaStream_t stream) {
+  DUET_KREQUIRE(p.kv.head_dim == head_dim, "decode_attention: head_dim must be 128");
+  DUET_KREQUIRE(p.kv_heads > 0 && p.heads % p.kv_heads == 0 && p.kv_heads == p.kv.kv_heads,
+                "decode_attention: kv_heads must divide heads and match the pool");
+  DUET_KREQUIRE(p.heads / p.kv_heads <= 16, "decode_attention: at most 16 query heads per KV head");
+  DUET_KREQUIRE(p.max_splits >= 1 && p.max_splits <= decode_attention_max_splits, "decode_attention: max_splits out of range");
+  DUET_KREQUIRE(p.q_stride % 2 == 0, "decode_attention: q_stride must be even");
+  DUET_KREQUIRE(p.layer < p.kv.layers && p.kv.block_tokens > 0, "decode_attention: bad layer or block size");
+  DUET_KREQUIRE(p.q && p.out && p.kv.pool && p.block_table && p.seq_table && p.seq_lens && p.workspace,
+                "decode_attention: null pointer");
+  DUET_KREQUIRE(p.batch <= 65535, "decode_attention: batch over 65535");
+  if (p.batch == 0) return {};
+  DUET_KCHECK(cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dc_smem));
+  const dim3 grid(p.max_splits, p.kv_heads, p.batch);
+  DUET_KCHECK(launch(decode_kernel, grid, dim3(dc_threads), dc_smem, stream, p));
+  return {};
+}
+
+}  // namespace duet::kernels

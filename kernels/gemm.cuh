@@ -1,0 +1,53 @@
+#pragma once
+// y = x . w^T (+ bias): bf16 operands, fp32 accumulation, bf16 or fp32 output. Weights are
+// row-major [n, k] as Hugging Face stores them. Large m goes through cuBLASLt (algorithm picked
+// per shape, timed on first use outside graph capture); m <= gemm_skinny_max_rows can use a
+// bandwidth-bound kernel of our own (decode), which may also apply SwiGLU to its input on the
+// fly (x = silu_mul(gate_up), kernels/silu_mul.cuh).
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "kernels/kernel_status.hpp"
+
+namespace duet::kernels {
+
+inline constexpr uint32_t gemm_skinny_max_rows = 8;
+
+struct gemm_params {
+  const uint16_t* x = nullptr;     // [m, ldx] bf16 (with x_swiglu: [m, ldx] holding gate | up, 2k wide)
+  uint32_t ldx = 0;                // elements between rows of x
+  const uint16_t* w = nullptr;     // [n, k] bf16, row-major
+  const uint16_t* bias = nullptr;  // [n] bf16 or nullptr
+  void* y = nullptr;               // [m, ldy] bf16, or fp32 when y_fp32
+  uint32_t ldy = 0;
+  uint32_t m = 0, n = 0, k = 0;
+  bool y_fp32 = false;
+  bool x_swiglu = false;           // skinny path only: x[r][i] = bf16(bf16(silu(gate[r][i])) * up[r][i])
+};
+
+enum class gemm_path : uint8_t { automatic, cublaslt, skinny };
+
+/// One cuBLASLt handle, its workspace and the per-shape plans; one per stream owner.
+class gemm_runner {
+ public:
+  gemm_runner();
+  ~gemm_runner();
+  gemm_runner(const gemm_runner&) = delete;
+  gemm_runner& operator=(const gemm_runner&) = delete;
+
+  /// Creates the handle and a workspace on the current device.
+  kstatus init(uint64_t workspace_bytes = 32ull << 20);
+  /// automatic: skinny for m <= gemm_skinny_max_rows (or whenever x_swiglu), cuBLASLt otherwise.
+  kstatus run(const gemm_params& p, cudaStream_t stream, gemm_path path = gemm_path::automatic);
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+/// fp32 accumulation over the same bf16 inputs (output rounded to bf16 unless y_fp32).
+void gemm_reference(const gemm_params& p);
+
+}  // namespace duet::kernels

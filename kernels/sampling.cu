@@ -1,0 +1,297 @@
+#include <cfloat>
+
+#include "kernels/device_util.cuh"
+#include "kernels/launch.cuh"
+#include "kernels/sampling.cuh"
+#include "kernels/sampling_common.hpp"
+
+namespace duet::kernels {
+
+namespace {
+
+using sampling_detail::key_of;
+using sampling_detail::mass_of;
+
+constexpr int threads = 1024;
+constexpr int warps = threads / 32;
+constexpr int top_cap = 256;  // candidates gathered for the top-N list
+
+struct shared_state {
+  unsigned long long hist[256];
+  float f[warps];
+  float g[warps];
+  int i[warps];
+  double d[warps];
+  unsigned long long u[warps];
+  uint32_t selected;
+  bool found;
+  int cand_count;
+  int cand_id[top_cap];
+  float cand_val[top_cap];
+  int token;
+};
+
+// Online (max, sum of exp, first argmax) of the raw logits.
+struct max_sum {
+  float m;
+  float s;
+  int idx;
+};
+__device__ __forceinline__ max_sum merge(max_sum a, max_sum b) {
+  if (b.m > a.m || (b.m == a.m && b.idx < a.idx && b.idx >= 0)) {
+    const max_sum t = a;
+    a = b;
+    b = t;
+  }
+  // a has the larger maximum (or the same maximum and the lower index).
+  const float s = a.s + (b.m == -INFINITY ? 0.0f : b.s * __expf(b.m - a.m));
+  return {a.m, s, a.idx};
+}
+
+__device__ uint64_t block_sum_u64(uint64_t v, shared_state& sh) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sh.u[threadIdx.x >> 5] = v;
+  __syncthreads();
+  uint64_t total = 0;
+  for (int w = 0; w < warps; ++w) total += sh.u[w];
+  return total;
+}
+
+// The largest key K with weight(keys >= K) >= target, among keys >= min_key (weights: 1 each, or
+// the fixed-point mass of the scaled logit). found = false when the whole weight is under target.
+__device__ uint32_t radix_select(const float* row, uint32_t vocab, float inv_t, float vmax, bool weighted,
+                                 uint32_t min_key, uint64_t target, shared_state& sh, bool& found) {
+  uint32_t prefix = 0, mask = 0;
+  uint64_t above = 0;
+  const int lane = threadIdx.x & 31;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    __syncthreads();
+    for (int b = threadIdx.x; b < 256; b += threads) sh.hist[b] = 0;
+    __syncthreads();
+    for (uint32_t base = 0; base < vocab; base += threads) {
+      const uint32_t i = base + threadIdx.x;
+      uint32_t digit = 256, w = 0;
+      if (i < vocab) {
+        const float v = row[i] * inv_t;
+        const uint32_t key = key_of(v);
+        if (v == v && key >= min_key && (key & mask) == prefix) {
+          digit = (key >> shift) & 255u;
+          w = weighted ? mass_of(v, vmax) : 1u;
+        }
+      }
+      const unsigned peers = __match_any_sync(0xffffffffu, digit);
+      const uint32_t sum = __reduce_add_sync(peers, w);
+      if (digit < 256 && lane == __ffs(peers) - 1) atomicAdd(&sh.hist[digit], static_cast<unsigned long long>(sum));
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      // Lane l holds digits 255 - 8l .. 248 - 8l (descending).
+      uint64_t part = 0;
+      for (int j = 0; j < 8; ++j) part += sh.hist[255 - 8 * lane - j];
+      uint64_t incl = part;
+      for (int o = 1; o < 32; o <<= 1) {
+        const uint64_t n = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += n;
+      }
+      const bool crosses = above + incl >= target;
+      const unsigned ballot = __ballot_sync(0xffffffffu, crosses);
+      if (lane == 0) sh.found = ballot != 0;
+      if (ballot != 0 && lane == __ffs(ballot) - 1) {
+        uint64_t cum = above + incl - part;
+        for (int j = 0; j < 8; ++j) {
+          const uint32_t dgt = 255 - 8 * lane - j;
+          if (cum + sh.hist[dgt] >= target) {
+            sh.selected = dgt;
+            sh.u[0] = cum;
+            break;
+          }
+          cum += sh.hist[dgt];
+        }
+      }
+    }
+    __syncthreads();
+    if (!sh.found) {
+      found = false;
+      return min_key;
+    }
+    above = sh.u[0];
+    prefix |= sh.selected << shift;
+    mask |= 255u << shift;
+  }
+  found = true;
+  return prefix;
+}
+
+__global__ void __launch_bounds__(threads) sample_kernel(sample_params p) {
+  dev::pdl_wait();
+  __shared__ shared_state sh;
+  const uint32_t rowi = blockIdx.x;
+  const float* row = p.logits + static_cast<uint64_t>(rowi) * p.ld;
+  const sample_row rq = p.requests[rowi];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  // 1. max, sum of exp and argmax of the raw logits.
+  max_sum acc{-INFINITY, 0.0f, -1};
+  for (uint32_t i = tid; i < p.vocab; i += threads) {
+    const float v = row[i];
+    if (!(v == v)) continue;
+    acc = merge(acc, max_sum{v, 1.0f, static_cast<int>(i)});
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const max_sum other{__shfl_xor_sync(0xffffffffu, acc.m, o), __shfl_xor_sync(0xffffffffu, acc.s, o),
+                        __shfl_xor_sync(0xffffffffu, acc.idx, o)};
+    acc = merge(acc, other);
+  }
+  if (lane == 0) {
+    sh.f[warp] = acc.m;
+    sh.g[warp] = acc.s;
+    sh.i[warp] = acc.idx;
+  }
+  __syncthreads();
+  max_sum all{-INFINITY, 0.0f, -1};
+  for (int w = 0; w < warps; ++w) all = merge(all, max_sum{sh.f[w], sh.g[w], sh.i[w]});
+  const float lse = all.m + logf(all.s);
+  int token = max(all.idx, 0);
+
+  // 2. Filtered draw.
+  if (rq.temperature > 0.0f) {
+    const float inv_t = 1.0f / rq.temperature;
+    const float vmax = all.m * inv_t;
+    uint32_t min_key = 0;
+    bool found = false;
+    if (rq.top_k > 0 && static_cast<uint32_t>(rq.top_k) < p.vocab) {
+      const uint32_t k = radix_select(row, p.vocab, inv_t, vmax, false, 0, static_cast<uint64_t>(rq.top_k), sh, found);
+      if (found) min_key = k;
+    }
+    if (rq.top_p < 1.0f) {
+      uint64_t total = 0;
+      for (uint32_t i = tid; i < p.vocab; i += threads) {
+        const float v = row[i] * inv_t;
+        if (v == v && key_of(v) >= min_key) total += mass_of(v, vmax);
+      }
+      total = block_sum_u64(total, sh);
+      const double tp = rq.top_p > 0.0f ? static_cast<double>(rq.top_p) : 0.0;
+      uint64_t target = static_cast<uint64_t>(tp * static_cast<double>(total));
+      if (target == 0) target = 1;  // at least the top token
+      const uint32_t k = radix_select(row, p.vocab, inv_t, vmax, true, min_key, target, sh, found);
+      if (found) min_key = k;
+    }
+    const double log_min_p = rq.min_p > 0.0f ? log(static_cast<double>(rq.min_p)) : -INFINITY;
+    // Deterministic id-order scan: thread t owns ids [t * per, (t + 1) * per).
+    const uint32_t per = (p.vocab + threads - 1) / threads;
+    const uint32_t begin = min(p.vocab, tid * per), end = min(p.vocab, begin + per);
+    auto kept = [&](uint32_t i, double& w) {
+      const float v = row[i] * inv_t;
+      if (!(v == v) || key_of(v) < min_key) return false;
+      const double rel = static_cast<double>(v) - static_cast<double>(vmax);
+      if (rel < log_min_p) return false;
+      w = exp(rel);
+      return true;
+    };
+    double mine = 0.0;
+    int last_kept = -1;
+    for (uint32_t i = begin; i < end; ++i) {
+      double w;
+      if (kept(i, w)) {
+        mine += w;
+        last_kept = static_cast<int>(i);
+      }
+    }
+    // Exclusive scan of the per-thread sums, in thread order.
+    double incl = mine;
+    for (int o = 1; o < 32; o <<= 1) {
+      const double n = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += n;
+    }
+    int last = last_kept;
+    for (int o = 16; o > 0; o >>= 1) last = max(last, __shfl_xor_sync(0xffffffffu, last, o));
+    __syncthreads();
+    if (lane == 31) sh.d[warp] = incl;
+    if (lane == 0) sh.i[warp] = last;
+    __syncthreads();
+    double before = 0.0, total = 0.0;
+    int last_all = -1;
+    for (int w = 0; w < warps; ++w) {
+      if (w < warp) before += sh.d[w];
+      total += sh.d[w];
+      last_all = max(last_all, sh.i[w]);
+    }
+    const double excl = before + incl - mine;
+    const double target = rq.uniform * total;
+    if (tid == 0) sh.token = last_all >= 0 ? last_all : token;
+    __syncthreads();
+    if (mine > 0.0 && excl <= target && target < excl + mine) {
+      double cum = excl;
+      for (uint32_t i = begin; i < end; ++i) {
+        double w;
+        if (kept(i, w)) {
+          cum += w;
+          if (cum > target) {
+            sh.token = static_cast<int>(i);
+            break;
+          }
+        }
+      }
+    }
+    __syncthreads();
+    token = sh.token;
+  }
+  if (tid == 0) {
+    p.tokens[rowi] = token;
+    p.logprobs[rowi] = row[token] - lse;
+  }
+
+  // 3. Top-N log-probabilities.
+  const uint32_t n_top = min(min(rq.top_logprobs, p.max_top), min(p.vocab, sampling_max_top));
+  if (n_top == 0) return;
+  bool found = false;
+  const uint32_t kth = radix_select(row, p.vocab, 1.0f, all.m, false, 0, n_top, sh, found);
+  if (tid == 0) sh.cand_count = 0;
+  __syncthreads();
+  for (uint32_t i = tid; i < p.vocab; i += threads) {
+    const float v = row[i];
+    if (v == v && key_of(v) >= kth) {
+      const int at = atomicAdd(&sh.cand_count, 1);
+      if (at < top_cap) {
+        sh.cand_id[at] = static_cast<int>(i);
+        sh.cand_val[at] = v;
+      }
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    const int n = min(sh.cand_count, top_cap);
+    for (int a = 1; a < n; ++a) {  // insertion sort: value descending, id ascending
+      const int id = sh.cand_id[a];
+      const float v = sh.cand_val[a];
+      int b = a - 1;
+      while (b >= 0 && (sh.cand_val[b] < v || (sh.cand_val[b] == v && sh.cand_id[b] > id))) {
+        sh.cand_id[b + 1] = sh.cand_id[b];
+        sh.cand_val[b + 1] = sh.cand_val[b];
+        --b;
+      }
+      sh.cand_id[b + 1] = id;
+      sh.cand_val[b + 1] = v;
+    }
+    for (uint32_t j = 0; j < p.max_top; ++j) {
+      const bool have = j < n_top && static_cast<int>(j) < n;
+      p.top_ids[static_cast<uint64_t>(rowi) * p.max_top + j] = have ? sh.cand_id[j] : -1;
+      p.top_logprobs[static_cast<uint64_t>(rowi) * p.max_top + j] = have ? sh.cand_val[j] - lse : -INFINITY;
+    }
+  }
+}
+
+}  // namespace
+
+kstatus sample_tokens(const sample_params& p, cudaStream_t stream) {
+  DUET_KREQUIRE(p.logits && p.requests && p.tokens && p.logprobs, "sample_tokens: null pointer");
+  DUET_KREQUIRE(p.vocab > 0 && p.ld >= p.vocab, "sample_tokens: bad vocab or ld");
+  DUET_KREQUIRE(p.max_top <= sampling_max_top, "sample_tokens: max_top over sampling_max_top");
+  DUET_KREQUIRE(p.max_top == 0 || (p.top_ids && p.top_logprobs), "sample_tokens: top-N outputs missing");
+  if (p.rows == 0) return {};
+  DUET_KCHECK(launch(sample_kernel, dim3(p.rows), dim3(threads), 0, stream, p));
+  return {};
+}
+
+}  // namespace duet::kernels
