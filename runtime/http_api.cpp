@@ -705,6 +705,66 @@ json stream_chunk(const api_response_head& head, const chunk_delta& delta, std::
   return j;
 }
 
+namespace {
+constexpr std::string_view delta_marker = "@@duet-delta@@";
+
+/// `text` as the inside of a JSON string, as nlohmann's dump writes it; false for invalid UTF-8.
+bool escape_json_text(std::string_view text, std::string& out) {
+  static constexpr char hex[] = "0123456789abcdef";
+  for (std::size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x80) {
+      const auto step = utf8_at(text, i);
+      if (step.status != utf8_status::ok) return false;
+      out.append(text, i, step.length);
+      i += step.length;
+      continue;
+    }
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          out += "\\u00";
+          out += hex[c >> 4];
+          out += hex[c & 15];
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+    ++i;
+  }
+  return true;
+}
+}  // namespace
+
+content_event_writer::content_event_writer(const api_response_head& head, bool usage_null) {
+  chunk_delta d;
+  d.content = std::string(delta_marker);
+  const std::string whole = sse_event(stream_chunk(head, d, "", usage_null));
+  const std::size_t at = whole.find(delta_marker);
+  prefix_ = whole.substr(0, at);
+  suffix_ = whole.substr(at + delta_marker.size());
+}
+
+std::string content_event_writer::content_event(std::string_view text) const {
+  std::string out;
+  out.reserve(prefix_.size() + text.size() + suffix_.size() + 8);
+  out += prefix_;
+  if (!escape_json_text(text, out)) {
+    const std::string quoted = dump_json(json(std::string(text)));  // replaces invalid UTF-8
+    out.resize(prefix_.size());
+    out.append(quoted, 1, quoted.size() - 2);
+  }
+  out += suffix_;
+  return out;
+}
+
 json usage_chunk(const api_response_head& head, const api_usage& usage) {
   json j = head_json(head, true);
   j["choices"] = json::array();

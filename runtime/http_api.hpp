@@ -214,6 +214,19 @@ struct chunk_delta {
 };
 [[nodiscard]] nlohmann::json stream_chunk(const api_response_head& head, const chunk_delta& delta,
                                           std::string_view finish_reason, bool usage_null);
+/// The events of one stream whose chunks differ only in their content text, pre-rendered
+/// around that text: content_event(t) is byte for byte sse_event(stream_chunk(head, {content
+/// = t}, "", usage_null)), without building a JSON document per token.
+class content_event_writer {
+ public:
+  content_event_writer(const api_response_head& head, bool usage_null);
+  [[nodiscard]] std::string content_event(std::string_view text) const;
+
+ private:
+  std::string prefix_;  // "data: {...\"content\":\"" (or "text")
+  std::string suffix_;  // "\"...}\n\n"
+};
+
 /// The last chunk with include_usage: no choices, the usage.
 [[nodiscard]] nlohmann::json usage_chunk(const api_response_head& head, const api_usage& usage);
 

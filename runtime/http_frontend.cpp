@@ -1,5 +1,6 @@
 #include "runtime/http_frontend.hpp"
 
+#include <pthread.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -81,6 +82,9 @@ struct cluster_view {
   uint64_t polls = 0;
 };
 
+/// Names the calling thread (top, perf and gdb show it).
+void name_thread(const char* name) { pthread_setname_np(pthread_self(), name); }
+
 std::string escape_label(std::string_view v) {
   std::string out;
   for (char c : v) {
@@ -139,7 +143,10 @@ class bridge {
 
   void start() {
     client_ = connect_client(endpoint_, router_, "duet-http");
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread([this] {
+      name_thread("duet-http-zmq");
+      run();
+    });
   }
 
   void stop() {
@@ -313,7 +320,10 @@ class stats_poller {
 
   void start() {
     client_ = connect_client(endpoint_, router_, "duet-http-stats");
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread([this] {
+      name_thread("duet-http-stats");
+      run();
+    });
   }
   void stop() {
     {
@@ -447,6 +457,7 @@ struct generation {
   std::unique_ptr<text_decoder> decoder;
   stop_matcher stop{{}};
   std::optional<think_splitter> splitter;  // chat with reasoning split
+  std::optional<content_event_writer> events;  // streaming: content-only chunks, pre-rendered
   bool headers_sent = false;
   bool stopped = false;  // a stop string matched
   std::string content, reasoning;              // non-streaming: the whole text
@@ -857,6 +868,7 @@ class session : public std::enable_shared_from_this<session> {
   void send_stream_head() {
     auto& g = *gen_;
     g.headers_sent = true;
+    g.events.emplace(g.head, g.request.include_usage);
     chunked_ = version_ >= 11;
     std::string head = version_ >= 11 ? "HTTP/1.1 200 OK\r\n" : "HTTP/1.0 200 OK\r\n";
     head += "Server: duet\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n";
@@ -882,6 +894,11 @@ class session : public std::enable_shared_from_this<session> {
   void flush_delta() {
     auto& g = *gen_;
     if (!g.headers_sent || (g.delta_content.empty() && g.delta_reasoning.empty())) return;
+    if (g.delta_reasoning.empty()) {
+      send_stream(g.events->content_event(g.delta_content));
+      g.delta_content.clear();
+      return;
+    }
     chunk_delta d;
     if (!g.delta_content.empty()) d.content = std::move(g.delta_content);
     if (!g.delta_reasoning.empty()) d.reasoning = std::move(g.delta_reasoning);
@@ -1189,7 +1206,12 @@ void http_frontend::start() {
   m.link->start();
   m.poller->start();
   m.accept();
-  for (uint32_t i = 0; i < m.settings.io_threads; ++i) m.threads.emplace_back([ioc = m.ioc.get()] { ioc->run(); });
+  for (uint32_t i = 0; i < m.settings.io_threads; ++i) {
+    m.threads.emplace_back([ioc = m.ioc.get()] {
+      name_thread("duet-http-io");
+      ioc->run();
+    });
+  }
   m.started = true;
 }
 

@@ -328,6 +328,22 @@ TEST_SUITE("http responses and framing") {
     CHECK(u["usage"]["completion_tokens"] == 6);
   }
 
+  TEST_CASE("pre-rendered content events are byte for byte the generic chunks") {
+    for (const auto& head : {completion_head, chat_head}) {
+      for (bool usage_null : {false, true}) {
+        const duet::content_event_writer writer(head, usage_null);
+        for (const std::string text : {std::string(" <123>"), std::string("quote \" back\\slash"),
+                                       std::string("tab\tnl\ncr\r\x01\x1f\x7f"), std::string("caf\xC3\xA9 \xE2\x82\xAC"),
+                                       std::string("bad \xff\xC3 bytes"), std::string()}) {
+          CAPTURE(text);
+          duet::chunk_delta d;
+          d.content = text;
+          CHECK(writer.content_event(text) == duet::sse_event(duet::stream_chunk(head, d, "", usage_null)));
+        }
+      }
+    }
+  }
+
   TEST_CASE("an SSE event is one data line and a blank line; newlines in text stay escaped") {
     CHECK(duet::sse_event(json{{"a", "x\ny"}}) == "data: {\"a\":\"x\\ny\"}\n\n");
     CHECK(duet::sse_done() == "data: [DONE]\n\n");
