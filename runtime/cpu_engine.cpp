@@ -28,11 +28,15 @@ namespace {
 
 // out[r * C + c] = dot(xr[r], wr[c]) over k elements, for an R x C tile.
 using tile_fn = void (*)(const float* const* xr, const float* const* wr, std::size_t k, float* out);
-using axpy_fn = void (*)(float* y, float a, const float* x, std::size_t n);
+// out[j] = dot(q, rows[j]) * scale for n contiguous rows of k floats (the dot as tile 1x1).
+using scores_fn = void (*)(const float* q, const float* rows, std::size_t n, std::size_t k, float scale, float* out);
+// out[d] += weights[j] * rows[j][d] for j = 0..n-1 in order (each step as one axpy).
+using weighted_sum_fn = void (*)(float* out, const float* weights, const float* rows, std::size_t n, std::size_t k);
 
 struct kernel_table {
   tile_fn t24, t14, t21, t11;
-  axpy_fn axpy;
+  scores_fn scores;
+  weighted_sum_fn weighted_sum;
   const char* name;
 };
 
@@ -60,8 +64,21 @@ void tile_generic(const float* const* xr, const float* const* wr, std::size_t k,
   }
 }
 
-void axpy_generic(float* y, float a, const float* x, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) y[i] += a * x[i];
+void scores_generic(const float* q, const float* rows, std::size_t n, std::size_t k, float scale, float* out) {
+  for (std::size_t j = 0; j < n; ++j) {
+    const float* row = rows + j * k;
+    float dot;
+    tile_generic<1, 1>(&q, &row, k, &dot);
+    out[j] = dot * scale;
+  }
+}
+
+void weighted_sum_generic(float* out, const float* weights, const float* rows, std::size_t n, std::size_t k) {
+  for (std::size_t j = 0; j < n; ++j) {
+    const float a = weights[j];
+    const float* row = rows + j * k;
+    for (std::size_t i = 0; i < k; ++i) out[i] += a * row[i];
+  }
 }
 
 #ifdef DUET_CPU_X86
@@ -105,13 +122,48 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const float* const* xr, const
   }
 }
 
-__attribute__((target("avx2,fma"))) void axpy_avx2(float* y, float a, const float* x, std::size_t n) {
-  const __m256 av = _mm256_set1_ps(a);
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+__attribute__((target("avx2,fma"))) void scores_avx2(const float* q, const float* rows, std::size_t n, std::size_t k,
+                                                     float scale, float* out) {
+  std::size_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const float* r[4] = {rows + j * k, rows + (j + 1) * k, rows + (j + 2) * k, rows + (j + 3) * k};
+    float dots[4];
+    tile_avx2<1, 4>(&q, r, k, dots);
+    for (int c = 0; c < 4; ++c) out[j + c] = dots[c] * scale;
   }
-  for (; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
+  for (; j < n; ++j) {
+    const float* row = rows + j * k;
+    float dot;
+    tile_avx2<1, 1>(&q, &row, k, &dot);
+    out[j] = dot * scale;
+  }
+}
+
+__attribute__((target("avx2,fma"))) void weighted_sum_avx2(float* out, const float* weights, const float* rows,
+                                                           std::size_t n, std::size_t k) {
+  // Up to 64 outputs stay in registers while the rows stream by.
+  const std::size_t k8 = k & ~std::size_t{7};
+  for (std::size_t d0 = 0; d0 < k8; d0 += 64) {
+    const std::size_t vectors = std::min<std::size_t>(8, (k8 - d0) / 8);
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (std::size_t v = 0; v < 8; ++v) acc[v] = v < vectors ? _mm256_loadu_ps(out + d0 + 8 * v) : _mm256_setzero_ps();
+    for (std::size_t j = 0; j < n; ++j) {
+      const __m256 a = _mm256_set1_ps(weights[j]);
+      const float* row = rows + j * k + d0;
+#pragma GCC unroll 8
+      for (std::size_t v = 0; v < 8; ++v) {
+        if (v < vectors) acc[v] = _mm256_fmadd_ps(a, _mm256_loadu_ps(row + 8 * v), acc[v]);
+      }
+    }
+#pragma GCC unroll 8
+    for (std::size_t v = 0; v < 8; ++v) {
+      if (v < vectors) _mm256_storeu_ps(out + d0 + 8 * v, acc[v]);
+    }
+  }
+  for (std::size_t i = k8; i < k; ++i) {
+    for (std::size_t j = 0; j < n; ++j) out[i] = std::fma(weights[j], rows[j * k + i], out[i]);
+  }
 }
 #endif
 
@@ -120,19 +172,14 @@ const kernel_table& kernels() {
 #ifdef DUET_CPU_X86
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-      return kernel_table{tile_avx2<2, 4>, tile_avx2<1, 4>, tile_avx2<2, 1>, tile_avx2<1, 1>, axpy_avx2, "avx2+fma"};
+      return kernel_table{tile_avx2<2, 4>, tile_avx2<1, 4>, tile_avx2<2, 1>, tile_avx2<1, 1>,
+                          scores_avx2,     weighted_sum_avx2, "avx2+fma"};
     }
 #endif
-    return kernel_table{tile_generic<2, 4>, tile_generic<1, 4>, tile_generic<2, 1>, tile_generic<1, 1>, axpy_generic,
-                        "generic"};
+    return kernel_table{tile_generic<2, 4>, tile_generic<1, 4>, tile_generic<2, 1>, tile_generic<1, 1>,
+                        scores_generic,     weighted_sum_generic, "generic"};
   }();
   return table;
-}
-
-float dot(const float* a, const float* b, std::size_t n) {
-  float out;
-  kernels().t11(&a, &b, n, &out);
-  return out;
 }
 
 // y[m][n] = dot(x[m], w[n]) + bias[n] for n in [n0, n1): x is [m, k] (row stride ldx), w is
@@ -315,27 +362,23 @@ void paged_attention(const paged_attention_params& p, uint32_t token, uint32_t h
   float* out = p.out + (std::size_t{token} * p.heads + head) * hd;
   const uint64_t block_floats = l.block_floats();
 
-  float max_score = -INFINITY;
+  const kernel_table& kt = kernels();
   for (uint32_t j0 = 0, b = 0; j0 < length; j0 += l.block_tokens, ++b) {
     const float* keys = p.pool + p.block_table[b] * block_floats + l.offset(p.layer, 0, kv_head, 0);
-    const uint32_t n = std::min(l.block_tokens, length - j0);
-    for (uint32_t s = 0; s < n; ++s) {
-      const float score = dot(q, keys + std::size_t{s} * hd, hd) * p.scale;
-      scratch[j0 + s] = score;
-      max_score = std::max(max_score, score);
-    }
+    kt.scores(q, keys, std::min(l.block_tokens, length - j0), hd, p.scale, scratch + j0);
   }
+  float max_score = -INFINITY;
+  for (uint32_t j = 0; j < length; ++j) max_score = std::max(max_score, scratch[j]);
   float sum = 0;
   for (uint32_t j = 0; j < length; ++j) {
     scratch[j] = std::exp(scratch[j] - max_score);
     sum += scratch[j];
   }
+  for (uint32_t j = 0; j < length; ++j) scratch[j] /= sum;
   std::fill(out, out + hd, 0.0f);
-  const axpy_fn axpy = kernels().axpy;
   for (uint32_t j0 = 0, b = 0; j0 < length; j0 += l.block_tokens, ++b) {
     const float* values = p.pool + p.block_table[b] * block_floats + l.offset(p.layer, 1, kv_head, 0);
-    const uint32_t n = std::min(l.block_tokens, length - j0);
-    for (uint32_t s = 0; s < n; ++s) axpy(out, scratch[j0 + s] / sum, values + std::size_t{s} * hd, hd);
+    kt.weighted_sum(out, scratch + j0, values, std::min(l.block_tokens, length - j0), hd);
   }
 }
 
@@ -395,18 +438,14 @@ void worker_pool::work(unsigned worker) {
 
 void worker_pool::drain(unsigned worker) {
   while (true) {
-    std::size_t task;
-    {
-      std::lock_guard lock(mutex_);
-      if (next_ >= tasks_) return;
-      task = next_++;
-    }
+    const std::size_t task = next_.fetch_add(1);
+    if (task >= tasks_) return;
     try {
       (*job_)(task, worker);
     } catch (...) {
       std::lock_guard lock(mutex_);
       if (!error_) error_ = std::current_exception();
-      next_ = tasks_;
+      next_.store(tasks_);  // hand out no more tasks
     }
   }
 }

@@ -2,6 +2,7 @@
 // The fp32 CPU reference engine: Llama and Qwen2 decoder-only transformers over a paged KV
 // pool, chunked prefill and batched decode, multithreaded over rows and heads.
 // docs/cpu-engine.md: design, KV block layout, numerics and measured speed.
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -109,7 +110,7 @@ class worker_pool {
   std::condition_variable done_;
   const std::function<void(std::size_t, unsigned)>* job_ = nullptr;
   std::size_t tasks_ = 0;
-  std::size_t next_ = 0;
+  std::atomic<std::size_t> next_{0};  // the next task to hand out
   uint64_t generation_ = 0;
   unsigned busy_ = 0;
   bool stop_ = false;
