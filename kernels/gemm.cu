@@ -159,7 +159,9 @@ struct gemm_runner::impl {
     DUET_LT(heur);
     if (found == 0) return kstatus{cudaErrorNotSupported, "cuBLASLt has no algorithm for this GEMM", __FILE__, __LINE__};
     pl.algo = results[0].algo;
-    if (found > 1 && tune_enabled()) {
+    // Timing the candidates pays for shapes that recur: decode buckets and full prefill passes
+    // (m a multiple of 64); other shapes keep the heuristic's first choice.
+    if (found > 1 && tune_enabled() && p.m % 64 == 0) {
       for (int i = 0; i < found; ++i) pl.candidates.push_back(results[i].algo);
     }
     return {};

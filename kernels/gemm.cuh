@@ -1,9 +1,9 @@
 #pragma once
 // y = x . w^T (+ bias): bf16 operands, fp32 accumulation, bf16 or fp32 output. Weights are
 // row-major [n, k] as Hugging Face stores them. Large m goes through cuBLASLt (algorithm picked
-// per shape, timed on first use outside graph capture); m <= gemm_skinny_max_rows can use a
-// bandwidth-bound kernel of our own (decode), which may also apply SwiGLU to its input on the
-// fly (x = silu_mul(gate_up), kernels/silu_mul.cuh).
+// per shape; for m a multiple of 64 the candidates are timed on first use outside graph
+// capture); m <= gemm_skinny_max_rows can use a bandwidth-bound kernel of our own (decode),
+// which may also apply SwiGLU to its input on the fly (x = silu_mul(gate_up), silu_mul.cuh).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>

@@ -1,0 +1,349 @@
+// Speed of the CUDA engine on a checkpoint of the real shape (random weights), one GPU:
+//   decode step time (wall clock of engine.decode(), graphs on) at batch 1/8/64/256 and context
+//   1K/8K, prefill tokens/s at 2K/8K/32K (one sequence, wall clock of engine.prefill()), and the
+//   kernel rates behind them (cuBLASLt and skinny GEMM, prefill and decode attention).
+// Floors: decode = (weights read + KV read) / copy bandwidth; prefill = FLOPs / the GEMM rate
+// measured here on the model's M=8192 shapes.
+//
+//   bench_cuda_engine MODEL_DIR OUT.json [--bandwidth TBps] [--decode-only] [--quick]
+#include <cuda_runtime_api.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <string>
+
+#include "kernels/attention.cuh"
+#include "kernels/bf16_host.hpp"
+#include "kernels/gemm.cuh"
+#include "kernels/kv_layout.hpp"
+#include "runtime/cuda_engine.hpp"
+
+using namespace duet;
+using json = nlohmann::json;
+namespace k = duet::kernels;
+
+namespace {
+
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+void k_ok(const k::kstatus& s) {
+  if (!s.ok()) throw std::runtime_error(s.message());
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+/// Device memory filled with random bf16 (a kernel of ours is not needed: host pattern, copied).
+struct dmem {
+  void* p = nullptr;
+  explicit dmem(uint64_t bytes, bool random = true) {
+    cuda_ok(cudaMalloc(&p, bytes), "cudaMalloc");
+    if (!random) return;
+    std::mt19937 rng(1);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    std::vector<uint16_t> host(std::min<uint64_t>(bytes / 2, 1u << 22));
+    for (auto& x : host) x = k::f32_to_bf16(d(rng) * 0.5f);
+    for (uint64_t at = 0; at < bytes; at += host.size() * 2) {
+      cuda_ok(cudaMemcpy(static_cast<char*>(p) + at, host.data(), std::min<uint64_t>(host.size() * 2, bytes - at),
+                         cudaMemcpyHostToDevice), "fill");
+    }
+  }
+  ~dmem() { cudaFree(p); }
+  template <class T>
+  T* as() const { return static_cast<T*>(p); }
+};
+
+/// Median device time (ms) of fn over `reps` runs after `warm` warm-ups, with events.
+template <class F>
+double time_device(F&& fn, int warm = 2, int reps = 10) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int i = 0; i < warm; ++i) fn();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(a);
+    fn();
+    cudaEventRecord(b);
+    cuda_ok(cudaEventSynchronize(b), "timed run");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return median(t);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: bench_cuda_engine MODEL_DIR OUT.json [--bandwidth TBps] [--decode-only] [--quick]\n");
+    return 2;
+  }
+  const std::filesystem::path dir = argv[1];
+  const std::string out_file = argv[2];
+  double bandwidth = 4.28e12;
+  bool decode_only = false, quick = false;
+  for (int i = 3; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--bandwidth") && i + 1 < argc) bandwidth = std::atof(argv[++i]) * 1e12;
+    if (!std::strcmp(argv[i], "--decode-only")) decode_only = true;
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+  }
+  try {
+    json report;
+    const transformer_config c = load_hf_config(dir);
+    const uint64_t H = c.hidden_size, Q = c.q_dim(), KV = c.kv_dim(), F = c.intermediate_size, L = c.num_hidden_layers;
+    const uint64_t linear_params = L * ((Q + 2 * KV) * H + H * Q + 2 * F * H + H * F);
+    const uint64_t head_params = uint64_t{c.vocab_size} * H;
+    const uint64_t weight_read = (linear_params + head_params) * 2;
+    const uint64_t kv_per_token = 2 * L * c.num_key_value_heads * c.head_dim * 2;
+    report["model"] = dir.string();
+    report["bandwidth_TBps"] = bandwidth / 1e12;
+    report["weights_read_per_decode_step_GB"] = weight_read / 1e9;
+    cudaDeviceProp prop{};
+    cuda_ok(cudaGetDeviceProperties(&prop, 0), "properties");
+    report["device"] = prop.name;
+    std::printf("device %s, %d SMs; %.2f GB of weights read per decode step\n", prop.name, prop.multiProcessorCount,
+                weight_read / 1e9);
+
+    // ------------------------------------------------------------------ kernel rates
+    json kr;
+    double gemm_rate = 0;
+    {
+      k::gemm_runner runner;
+      k_ok(runner.init());
+      struct shape {
+        const char* name;
+        uint64_t n, k;
+      };
+      const shape shapes[] = {{"qkv", Q + 2 * KV, H}, {"o", H, Q}, {"gate_up", 2 * F, H}, {"down", H, F}};
+      const uint64_t M = 8192;
+      dmem x(M * std::max(F, H) * 2), y(M * 2 * F * 2, false);
+      double flops = 0, ms_total = 0;
+      for (const shape& s : shapes) {
+        dmem w(s.n * s.k * 2);
+        k::gemm_params g{x.as<uint16_t>(), static_cast<uint32_t>(s.k), w.as<uint16_t>(), nullptr, y.p,
+                         static_cast<uint32_t>(s.n), static_cast<uint32_t>(M), static_cast<uint32_t>(s.n), static_cast<uint32_t>(s.k)};
+        const double ms = time_device([&] { k_ok(runner.run(g, nullptr)); });
+        const double f = 2.0 * M * s.n * s.k;
+        flops += f;
+        ms_total += ms;
+        kr[std::string("gemm_M8192_") + s.name + "_TFLOPs"] = f / ms / 1e9;
+        // Batch 1: cuBLASLt against the skinny kernel, as bandwidth over the weight.
+        g.m = 1;
+        const double lt = time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::cublaslt)); });
+        const double sk = time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::skinny)); });
+        kr[std::string("gemv_") + s.name + "_cublaslt_TBps"] = s.n * s.k * 2 / lt / 1e9;
+        kr[std::string("gemv_") + s.name + "_skinny_TBps"] = s.n * s.k * 2 / sk / 1e9;
+        g.m = 8;
+        const double sk8 = time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::skinny)); });
+        const double lt8 = time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::cublaslt)); });
+        kr[std::string("gemm_M8_") + s.name + "_skinny_TBps"] = s.n * s.k * 2 / sk8 / 1e9;
+        kr[std::string("gemm_M8_") + s.name + "_cublaslt_TBps"] = s.n * s.k * 2 / lt8 / 1e9;
+        std::printf("gemm %-8s M=8192 %6.0f TFLOP/s | M=1 cuBLASLt %.2f TB/s, skinny %.2f TB/s | M=8 skinny %.2f, cuBLASLt %.2f TB/s\n",
+                    s.name, f / ms / 1e9, s.n * s.k * 2 / lt / 1e9, s.n * s.k * 2 / sk / 1e9, s.n * s.k * 2 / sk8 / 1e9,
+                    s.n * s.k * 2 / lt8 / 1e9);
+      }
+      gemm_rate = flops / ms_total * 1e3;
+      kr["gemm_M8192_model_mix_TFLOPs"] = gemm_rate / 1e12;
+    }
+    // Attention kernels on a standalone pool.
+    if (!decode_only) {
+      const uint32_t bt = 16, kvh = c.num_key_value_heads, heads = c.num_attention_heads;
+      const int ctx = 8192;
+      const uint32_t seq_blocks = ctx / bt;
+      const uint32_t batch = quick ? 8 : 64;
+      k::kv_pool_view kv{nullptr, k::kv_block_elems(1, kvh, 128, bt), 1, kvh, 128, bt};
+      dmem pool(kv.block_elems * 2 * seq_blocks * batch);
+      kv.pool = pool.as<uint16_t>();
+      std::vector<int32_t> table(seq_blocks * batch);
+      std::iota(table.begin(), table.end(), 0);
+      dmem dtable(table.size() * 4, false);
+      cuda_ok(cudaMemcpy(dtable.p, table.data(), table.size() * 4, cudaMemcpyHostToDevice), "table");
+      const uint32_t qs = (heads + 2 * kvh) * 128;
+      dmem q(uint64_t{ctx} * qs * 2), out(uint64_t{ctx} * heads * 128 * 2, false);
+      std::vector<int32_t> meta = {0, ctx, 0, 0};
+      dmem dmeta(16, false);
+      cuda_ok(cudaMemcpy(dmeta.p, meta.data(), 16, cudaMemcpyHostToDevice), "meta");
+      k::prefill_attention_params p;
+      p.q = q.as<uint16_t>();
+      p.q_stride = qs;
+      p.out = out.as<uint16_t>();
+      p.out_stride = heads * 128;
+      p.kv = kv;
+      p.block_table = dtable.as<int32_t>();
+      p.seq_rows = dmeta.as<int32_t>();       // {0, ctx}
+      p.seq_start = dmeta.as<int32_t>() + 2;  // {0}
+      p.seq_table = dmeta.as<int32_t>() + 3;  // {0}
+      p.seqs = 1;
+      p.max_seq_rows = ctx;
+      p.heads = heads;
+      p.kv_heads = kvh;
+      p.scale = 1.0f / std::sqrt(128.0f);
+      const double ms = time_device([&] { k_ok(k::prefill_attention(p, nullptr)); }, 1, 5);
+      const double flops = 4.0 * (double(ctx) * (ctx + 1) / 2) * heads * 128;
+      kr["prefill_attention_8K_TFLOPs"] = flops / ms / 1e9;
+      kr["prefill_attention_8K_layer_ms"] = ms;
+      // Decode attention: `batch` sequences of 8K keys.
+      std::vector<int32_t> lens(batch, ctx), at(batch);
+      for (uint32_t b = 0; b < batch; ++b) at[b] = static_cast<int32_t>(b * seq_blocks);
+      dmem dlens(batch * 4, false), dat(batch * 4, false);
+      cuda_ok(cudaMemcpy(dlens.p, lens.data(), batch * 4, cudaMemcpyHostToDevice), "lens");
+      cuda_ok(cudaMemcpy(dat.p, at.data(), batch * 4, cudaMemcpyHostToDevice), "at");
+      for (uint32_t b : {1u, batch}) {
+        const uint32_t splits = std::clamp((2u * prop.multiProcessorCount + b * kvh - 1) / (b * kvh), 1u, 64u);
+        dmem ws(k::decode_attention_workspace_bytes(b, heads, kvh, splits), false);
+        cuda_ok(cudaMemset(ws.p, 0, k::decode_attention_workspace_bytes(b, heads, kvh, splits)), "ws");
+        k::decode_attention_params d;
+        d.q = q.as<uint16_t>();
+        d.q_stride = qs;
+        d.out = out.as<uint16_t>();
+        d.out_stride = heads * 128;
+        d.kv = kv;
+        d.block_table = dtable.as<int32_t>();
+        d.seq_table = dat.as<int32_t>();
+        d.seq_lens = dlens.as<int32_t>();
+        d.batch = b;
+        d.heads = heads;
+        d.kv_heads = kvh;
+        d.scale = 1.0f / std::sqrt(128.0f);
+        d.max_splits = splits;
+        d.split_min_keys = 64;
+        d.workspace = ws.p;
+        const double dms = time_device([&] { k_ok(k::decode_attention(d, nullptr)); });
+        const double bytes = double(b) * ctx * kvh * 128 * 2 * 2;
+        kr["decode_attention_B" + std::to_string(b) + "_8K_TBps"] = bytes / dms / 1e9;
+        kr["decode_attention_B" + std::to_string(b) + "_8K_layer_us"] = dms * 1e3;
+        std::printf("decode attention B=%u ctx 8K (one layer): %.1f us, %.2f TB/s\n", b, dms * 1e3, bytes / dms / 1e9);
+      }
+      std::printf("prefill attention 8K (one layer, causal): %.2f ms, %.0f TFLOP/s\n", ms, flops / ms / 1e9);
+    }
+    report["kernels"] = kr;
+
+    // ------------------------------------------------------------------ the engine
+    cuda_engine_params params;
+    params.served_name = "bench";
+    params.max_batch = 256;
+    params.prefill_tokens = 8192;
+    params.block_tokens = 16;
+    params.max_context = 32768 + 64;
+    params.kv_blocks = quick ? 4200 : 33000;
+    double t0 = now_ms();
+    cuda_engine engine(dir, params);
+    report["load_s"] = (now_ms() - t0) / 1e3;
+    std::printf("engine loaded in %.1f s (%.2f GB of weights), KV pool %u blocks of %.1f MB\n", (now_ms() - t0) / 1e3,
+                engine.weight_bytes() / 1e9, engine.kv_blocks(), engine.info().block_bytes / 1e6);
+    const uint64_t block_bytes = engine.info().block_bytes;
+    std::mt19937 rng(7);
+
+    json prefill = json::array();
+    if (!decode_only) {
+      std::vector<int> lengths = quick ? std::vector<int>{2048, 8192} : std::vector<int>{2048, 8192, 32768};
+      for (int len : lengths) {
+        std::vector<int32_t> toks(len);
+        for (auto& t : toks) t = static_cast<int32_t>(rng() % 128000);
+        std::vector<uint32_t> blocks((len + 15) / 16);
+        std::iota(blocks.begin(), blocks.end(), 0u);
+        std::vector<prefill_chunk> chunk{{1, toks, 0, blocks, true, nullptr}};
+        (void)engine.prefill(chunk);  // warm-up (GEMM plans for this pass shape)
+        std::vector<double> t;
+        const int reps = len >= 32768 ? 2 : 3;
+        for (int r = 0; r < reps; ++r) {
+          const double a = now_ms();
+          (void)engine.prefill(chunk);
+          t.push_back(now_ms() - a);
+        }
+        const double ms = median(t);
+        const double flops = 2.0 * linear_params * len + 2.0 * head_params +
+                             4.0 * (double(len) * (len + 1) / 2) * c.num_attention_heads * c.head_dim * L;
+        const double floor_ms = flops / gemm_rate * 1e3;
+        prefill.push_back({{"tokens", len}, {"ms", ms}, {"tok_s", len / ms * 1e3}, {"TFLOPs", flops / ms / 1e9},
+                           {"floor_ms", floor_ms}, {"floor_fraction", floor_ms / ms}});
+        std::printf("prefill %6d tokens: %8.1f ms, %7.0f tok/s, %4.0f TFLOP/s; floor %.1f ms (%.0f%% of floor speed)\n", len, ms,
+                    len / ms * 1e3, flops / ms / 1e9, floor_ms, 100 * floor_ms / ms);
+      }
+    }
+    report["prefill"] = prefill;
+
+    // Decode: the KV pool holds random bf16 (one random block copied over every block used).
+    {
+      std::vector<std::byte> block(block_bytes);
+      std::normal_distribution<float> d(0.0f, 1.0f);
+      for (std::size_t i = 0; i < block.size() / 2; ++i) {
+        const uint16_t v = k::f32_to_bf16(d(rng));
+        std::memcpy(block.data() + 2 * i, &v, 2);
+      }
+      const std::vector<uint32_t> zero{0};
+      if (!engine.write_blocks(zero, block)) throw std::runtime_error("write_blocks");
+      for (uint32_t b = 1; b < engine.kv_blocks(); ++b) {
+        cuda_ok(cudaMemcpy(static_cast<char*>(engine.kv_pool()) + b * block_bytes, engine.kv_pool(), block_bytes,
+                           cudaMemcpyDeviceToDevice), "fill pool");
+      }
+      cuda_ok(cudaDeviceSynchronize(), "fill pool");
+    }
+    json decode = json::array();
+    struct cfg {
+      uint32_t batch, ctx;
+    };
+    std::vector<cfg> cfgs = {{1, 1024}, {1, 8192}, {8, 1024}, {8, 8192}, {64, 1024}, {64, 8192}, {256, 1024}};
+    if (quick) cfgs = {{1, 1024}, {8, 1024}, {64, 1024}};
+    for (const cfg& cf : cfgs) {
+      const uint32_t per_seq = (cf.ctx + 1 + 15) / 16;
+      if (uint64_t{per_seq} * cf.batch > engine.kv_blocks()) {
+        std::printf("decode B=%u ctx %u: skipped (needs %u blocks)\n", cf.batch, cf.ctx, per_seq * cf.batch);
+        continue;
+      }
+      std::vector<std::vector<int32_t>> hist(cf.batch);
+      std::vector<std::vector<uint32_t>> blocks(cf.batch);
+      std::vector<decode_slot> slots;
+      for (uint32_t b = 0; b < cf.batch; ++b) {
+        hist[b].resize(cf.ctx);
+        for (auto& t : hist[b]) t = static_cast<int32_t>(rng() % 128000);
+        blocks[b].resize(per_seq);
+        std::iota(blocks[b].begin(), blocks[b].end(), b * per_seq);
+        slots.push_back({b, hist[b], blocks[b], nullptr});
+      }
+      for (int i = 0; i < 3; ++i) (void)engine.decode(slots);
+      std::vector<double> t;
+      for (int i = 0; i < (quick ? 10 : 30); ++i) {
+        const double a = now_ms();
+        (void)engine.decode(slots);
+        t.push_back(now_ms() - a);
+      }
+      std::sort(t.begin(), t.end());
+      const double ms = median(t);
+      const double floor_ms = (weight_read + double(cf.batch) * cf.ctx * kv_per_token) / bandwidth * 1e3;
+      decode.push_back({{"batch", cf.batch}, {"context", cf.ctx}, {"ms", ms}, {"p10_ms", t[t.size() / 10]},
+                        {"p90_ms", t[t.size() * 9 / 10]}, {"floor_ms", floor_ms}, {"floor_fraction", floor_ms / ms},
+                        {"tok_s", cf.batch / ms * 1e3}});
+      std::printf("decode B=%3u ctx %5u: %7.3f ms/step (p10 %.3f, p90 %.3f), floor %.3f ms (%.0f%%), %7.0f tok/s\n",
+                  cf.batch, cf.ctx, ms, t[t.size() / 10], t[t.size() * 9 / 10], floor_ms, 100 * floor_ms / ms,
+                  cf.batch / ms * 1e3);
+    }
+    report["decode"] = decode;
+    report["graph_steps"] = engine.graph_steps();
+    report["eager_steps"] = engine.eager_steps();
+    report["pdl"] = std::getenv("DUET_CUDA_PDL") ? std::getenv("DUET_CUDA_PDL") : "1";
+    std::ofstream(out_file) << report.dump(1) << "\n";
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_cuda_engine: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,958 @@
+#include "runtime/cuda_engine.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+
+#include "kernels/attention.cuh"
+#include "kernels/embedding.cuh"
+#include "kernels/gemm.cuh"
+#include "kernels/kv_layout.hpp"
+#include "kernels/rmsnorm.cuh"
+#include "kernels/rope.cuh"
+#include "kernels/sampling.cuh"
+#include "kernels/silu_mul.cuh"
+#include "runtime/cpu_engine.hpp"
+#include "runtime/safetensors.hpp"
+
+namespace duet {
+
+namespace k = kernels;
+
+namespace {
+
+[[noreturn]] void cuda_fail(cudaError_t e, const char* call, const char* file, int line) {
+  throw std::runtime_error(std::string("cuda_engine: ") + file + ":" + std::to_string(line) + ": " + call + ": " +
+                           cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+}
+
+#define CUDA_CHECK(call)                                                  \
+  do {                                                                    \
+    const cudaError_t duet_err = (call);                                  \
+    if (duet_err != cudaSuccess) cuda_fail(duet_err, #call, __FILE__, __LINE__); \
+  } while (0)
+
+void kcheck(const k::kstatus& s) {
+  if (!s.ok()) throw std::runtime_error("cuda_engine: " + s.message());
+}
+
+uint64_t align256(uint64_t v) { return (v + 255) / 256 * 256; }
+
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+/// A device allocation freed on scope exit.
+struct device_mem {
+  void* ptr = nullptr;
+  device_mem() = default;
+  explicit device_mem(uint64_t bytes) {
+    if (bytes) CUDA_CHECK(cudaMalloc(&ptr, bytes));
+  }
+  ~device_mem() {
+    if (ptr) cudaFree(ptr);
+  }
+  device_mem(const device_mem&) = delete;
+  device_mem& operator=(const device_mem&) = delete;
+  device_mem(device_mem&& o) noexcept : ptr(std::exchange(o.ptr, nullptr)) {}
+  device_mem& operator=(device_mem&& o) noexcept {
+    std::swap(ptr, o.ptr);
+    return *this;
+  }
+  template <class T>
+  [[nodiscard]] T* as() const {
+    return static_cast<T*>(ptr);
+  }
+};
+
+bool has_penalties(const msg::sampling_params* p) {
+  return p && (p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f);
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------- weights
+
+struct cuda_weights {
+  struct layer {
+    uint16_t* input_norm = nullptr;
+    uint16_t* qkv = nullptr;       // [q_dim + 2 kv_dim, hidden]: q rows, then k, then v
+    uint16_t* qkv_bias = nullptr;  // [q_dim + 2 kv_dim] or nullptr
+    uint16_t* o = nullptr;         // [hidden, q_dim]
+    uint16_t* o_bias = nullptr;
+    uint16_t* post_norm = nullptr;
+    uint16_t* gate_up = nullptr;   // [2 ffn, hidden]: gate rows, then up
+    uint16_t* down = nullptr;      // [hidden, ffn]
+  };
+  int device = 0;
+  transformer_config config;
+  uint16_t* embedding = nullptr;
+  std::vector<layer> layers;
+  uint16_t* final_norm = nullptr;
+  uint16_t* lm_head = nullptr;  // the embedding when tied
+  std::vector<device_mem> memory;
+  uint64_t bytes = 0;
+
+  ~cuda_weights() {
+    int current = 0;
+    if (cudaGetDevice(&current) == cudaSuccess && current != device) cudaSetDevice(device);
+    memory.clear();
+    if (current != device) cudaSetDevice(current);
+  }
+};
+
+namespace {
+
+/// Host -> device copies through two pinned staging buffers.
+class uploader {
+ public:
+  static constexpr uint64_t chunk = 64ull << 20;
+  uploader() {
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    for (int i = 0; i < 2; ++i) {
+      CUDA_CHECK(cudaMallocHost(&staging_[i], chunk));
+      CUDA_CHECK(cudaEventCreateWithFlags(&done_[i], cudaEventDisableTiming));
+    }
+  }
+  ~uploader() {
+    cudaStreamSynchronize(stream_);
+    for (int i = 0; i < 2; ++i) {
+      cudaEventDestroy(done_[i]);
+      cudaFreeHost(staging_[i]);
+    }
+    cudaStreamDestroy(stream_);
+  }
+  /// Copies `bytes` produced by fill(first_byte, out) to dst.
+  template <class F>
+  void copy(void* dst, uint64_t bytes, F&& fill) {
+    for (uint64_t at = 0; at < bytes; at += chunk) {
+      const uint64_t n = std::min(chunk, bytes - at);
+      CUDA_CHECK(cudaEventSynchronize(done_[cur_]));
+      fill(at, std::span<std::byte>(static_cast<std::byte*>(staging_[cur_]), n));
+      CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + at, staging_[cur_], n, cudaMemcpyHostToDevice, stream_));
+      CUDA_CHECK(cudaEventRecord(done_[cur_], stream_));
+      cur_ ^= 1;
+    }
+  }
+  void finish() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  void* staging_[2] = {};
+  cudaEvent_t done_[2] = {};
+  int cur_ = 0;
+};
+
+/// Uploads tensor `name` (shape checked) as bf16 to dst.
+void upload_tensor(uploader& up, const safetensors_checkpoint& ckpt, const std::string& name,
+                   std::span<const uint64_t> shape, void* dst) {
+  const st_tensor_info& info = ckpt.info(name);
+  if (info.shape.size() != shape.size() || !std::equal(shape.begin(), shape.end(), info.shape.begin())) {
+    throw std::runtime_error("cuda_engine: " + ckpt.path().string() + ": tensor '" + name + "' has shape " +
+                             shape_to_string(info.shape) + ", expected " + shape_to_string(shape));
+  }
+  if (info.dtype == st_dtype::bf16) {
+    const std::span<const std::byte> src = ckpt.file_of(name).bytes(info);
+    up.copy(dst, src.size(), [&](uint64_t at, std::span<std::byte> out) { std::memcpy(out.data(), src.data() + at, out.size()); });
+    return;
+  }
+  const std::vector<float> values = ckpt.read_floats(name, shape);
+  up.copy(dst, values.size() * 2, [&](uint64_t at, std::span<std::byte> out) {
+    auto* o = reinterpret_cast<uint16_t*>(out.data());
+    const uint64_t first = at / 2;
+    for (uint64_t i = 0; i < out.size() / 2; ++i) o[i] = float_to_bf16(values[first + i]);
+  });
+}
+
+std::shared_ptr<cuda_weights> load_cuda_weights(const std::filesystem::path& dir, int device) {
+  CUDA_CHECK(cudaSetDevice(device));
+  auto w = std::make_shared<cuda_weights>();
+  w->device = device;
+  w->config = load_hf_config(dir);
+  const transformer_config& c = w->config;
+  const safetensors_checkpoint ckpt(dir);
+  const uint64_t hidden = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), ffn = c.intermediate_size;
+  auto alloc = [&](uint64_t elements) {
+    w->memory.emplace_back(elements * 2);
+    w->bytes += elements * 2;
+    return w->memory.back().as<uint16_t>();
+  };
+  uploader up;
+  auto put = [&](const std::string& name, std::vector<uint64_t> shape, uint16_t* dst) {
+    upload_tensor(up, ckpt, name, shape, dst);
+  };
+  w->embedding = alloc(uint64_t{c.vocab_size} * hidden);
+  put("model.embed_tokens.weight", {c.vocab_size, hidden}, w->embedding);
+  w->layers.resize(c.num_hidden_layers);
+  for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    cuda_weights::layer& L = w->layers[l];
+    L.input_norm = alloc(hidden);
+    put(p + "input_layernorm.weight", {hidden}, L.input_norm);
+    L.qkv = alloc((q + 2 * kv) * hidden);
+    put(p + "self_attn.q_proj.weight", {q, hidden}, L.qkv);
+    put(p + "self_attn.k_proj.weight", {kv, hidden}, L.qkv + q * hidden);
+    put(p + "self_attn.v_proj.weight", {kv, hidden}, L.qkv + (q + kv) * hidden);
+    if (c.qkv_bias) {
+      L.qkv_bias = alloc(q + 2 * kv);
+      put(p + "self_attn.q_proj.bias", {q}, L.qkv_bias);
+      put(p + "self_attn.k_proj.bias", {kv}, L.qkv_bias + q);
+      put(p + "self_attn.v_proj.bias", {kv}, L.qkv_bias + q + kv);
+    }
+    L.o = alloc(hidden * q);
+    put(p + "self_attn.o_proj.weight", {hidden, q}, L.o);
+    if (c.o_bias) {
+      L.o_bias = alloc(hidden);
+      put(p + "self_attn.o_proj.bias", {hidden}, L.o_bias);
+    }
+    L.post_norm = alloc(hidden);
+    put(p + "post_attention_layernorm.weight", {hidden}, L.post_norm);
+    L.gate_up = alloc(2 * ffn * hidden);
+    put(p + "mlp.gate_proj.weight", {ffn, hidden}, L.gate_up);
+    put(p + "mlp.up_proj.weight", {ffn, hidden}, L.gate_up + ffn * hidden);
+    L.down = alloc(hidden * ffn);
+    put(p + "mlp.down_proj.weight", {hidden, ffn}, L.down);
+  }
+  w->final_norm = alloc(hidden);
+  put("model.norm.weight", {hidden}, w->final_norm);
+  if (c.tie_word_embeddings && !ckpt.contains("lm_head.weight")) {
+    w->lm_head = w->embedding;
+  } else {
+    w->lm_head = alloc(uint64_t{c.vocab_size} * hidden);
+    put("lm_head.weight", {c.vocab_size, hidden}, w->lm_head);
+  }
+  up.finish();
+  return w;
+}
+
+}  // namespace
+
+std::shared_ptr<const cuda_weights> load_cuda_weights_shared(const std::filesystem::path& dir, int device) {
+  static std::mutex mutex;
+  static std::map<std::pair<std::string, int>, std::weak_ptr<const cuda_weights>> registry;
+  std::error_code ec;
+  auto canonical = std::filesystem::weakly_canonical(dir, ec);
+  const auto key = std::make_pair((ec ? dir : canonical).string(), device);
+  std::lock_guard lock(mutex);
+  if (auto it = registry.find(key); it != registry.end()) {
+    if (auto alive = it->second.lock()) return alive;
+  }
+  std::shared_ptr<const cuda_weights> w = load_cuda_weights(dir, device);
+  registry[key] = w;
+  return w;
+}
+
+// ----------------------------------------------------------------------------- step buffers
+
+// Per-pass metadata: one pinned host block mirrored by one device block with the same layout,
+// uploaded with one copy. Regions have fixed offsets, so captured graphs read the current values.
+struct meta_layout {
+  uint64_t tokens = 0, positions = 0, slots = 0, seq_rows = 0, seq_start = 0, seq_table = 0, seq_lens = 0,
+           out_rows = 0, requests = 0, blocks = 0, bytes = 0;
+  uint32_t max_rows = 0, max_seqs = 0, max_blocks = 0;
+
+  static meta_layout make(uint32_t rows, uint32_t seqs, uint32_t blocks) {
+    meta_layout m;
+    m.max_rows = rows;
+    m.max_seqs = seqs;
+    m.max_blocks = blocks;
+    uint64_t at = 0;
+    auto region = [&](uint64_t bytes) {
+      const uint64_t start = at;
+      at = align256(at + bytes);
+      return start;
+    };
+    m.tokens = region(uint64_t{rows} * 4);
+    m.positions = region(uint64_t{rows} * 4);
+    m.slots = region(uint64_t{rows} * 4);
+    m.seq_rows = region((uint64_t{seqs} + 1) * 4);
+    m.seq_start = region(uint64_t{seqs} * 4);
+    m.seq_table = region(uint64_t{seqs} * 4);
+    m.seq_lens = region(uint64_t{seqs} * 4);
+    m.out_rows = region(uint64_t{seqs} * 4);
+    m.requests = region(uint64_t{seqs} * sizeof(k::sample_row));
+    m.blocks = region(uint64_t{blocks} * 4);
+    m.bytes = at;
+    return m;
+  }
+};
+
+struct cuda_engine::device_buffers {
+  k::gemm_runner gemm;
+  meta_layout meta;
+  void* meta_host = nullptr;  // pinned
+  device_mem meta_dev;
+  device_mem x, h, qkv, attn, gate_up, act, delta, hsel, logits, rope_cos, rope_sin, attn_ws;
+  device_mem tokens_out, logprobs_out, top_ids, top_logprobs;
+  void* out_host = nullptr;  // pinned: tokens, logprobs, top ids, top logprobs
+  cudaEvent_t meta_sent = nullptr;  // the last upload of meta_host has been read
+  uint32_t max_rows = 0, max_outputs = 0, rope_positions = 0;
+
+  ~device_buffers() {
+    if (meta_sent) cudaEventDestroy(meta_sent);
+    if (meta_host) cudaFreeHost(meta_host);
+    if (out_host) cudaFreeHost(out_host);
+  }
+  template <class T>
+  T* host(uint64_t offset) const {
+    return reinterpret_cast<T*>(static_cast<char*>(meta_host) + offset);
+  }
+  template <class T>
+  T* dev(uint64_t offset) const {
+    return reinterpret_cast<T*>(meta_dev.as<char>() + offset);
+  }
+};
+
+/// One forward pass: rows of several sequences (prefill) or one row per sequence (decode).
+struct cuda_engine::pass {
+  bool decode = false;
+  uint32_t rows = 0;       // rows run (decode: the bucket, padding included)
+  uint32_t real_rows = 0;  // decode: rows that are real sequences
+  uint32_t seqs = 0;
+  uint32_t max_seq_rows = 0;
+  uint32_t blocks = 0;     // entries used in the blocks region
+  uint32_t outputs = 0;    // rows sampled
+  uint32_t max_splits = 1;
+  uint32_t max_top = 0;
+  // Host side of the sampled rows, in output order.
+  std::vector<const msg::sampling_params*> sampling;
+  std::vector<std::span<const int32_t>> context;
+  std::vector<uint64_t> seeds, positions;
+};
+
+// ------------------------------------------------------------------------------------- engine
+
+cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_params params)
+    : params_(std::move(params)), buf_(std::make_unique<device_buffers>()) {
+  if (params_.block_tokens == 0) throw std::invalid_argument("cuda_engine: block_tokens must be positive");
+  if (params_.max_context == 0) throw std::invalid_argument("cuda_engine: max_context must be positive");
+  if (params_.max_batch == 0) throw std::invalid_argument("cuda_engine: max_batch must be positive");
+  if (params_.prefill_tokens == 0) throw std::invalid_argument("cuda_engine: prefill_tokens must be positive");
+  int devices = 0;
+  CUDA_CHECK(cudaGetDeviceCount(&devices));
+  if (params_.device < 0 || params_.device >= devices) {
+    throw std::runtime_error("cuda_engine: device " + std::to_string(params_.device) + " does not exist (" +
+                             std::to_string(devices) + " CUDA devices)");
+  }
+  CUDA_CHECK(cudaSetDevice(params_.device));
+  {
+    const transformer_config c = load_hf_config(model_dir);  // shape checks before the big load
+    if (c.head_dim != 128) throw std::runtime_error("cuda_engine: head_dim " + std::to_string(c.head_dim) + " is not supported (128 only)");
+    if (c.num_attention_heads / c.num_key_value_heads > 16) throw std::runtime_error("cuda_engine: more than 16 query heads per KV head");
+    if (c.hidden_size % 8 || c.intermediate_size % 8) throw std::runtime_error("cuda_engine: hidden and FFN sizes must be multiples of 8");
+  }
+  weights_ = load_cuda_weights_shared(model_dir, params_.device);
+  const transformer_config& c = weights_->config;
+  const uint32_t hidden = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(), ffn = c.intermediate_size;
+  const uint32_t max_context = std::min(params_.max_context, c.max_position_embeddings);
+
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, params_.device));
+  sm_count_ = prop.multiProcessorCount;
+  int least = 0, greatest = 0;
+  CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, params_.high_priority ? greatest : least));
+  stream_ = stream;
+
+  device_buffers& b = *buf_;
+  kcheck(b.gemm.init());
+  b.max_rows = std::max(params_.prefill_tokens, params_.max_batch);
+  const uint32_t max_seqs = std::max(params_.max_batch, std::min<uint32_t>(params_.prefill_tokens, 256));
+  b.max_outputs = max_seqs;
+  const uint32_t blocks_per_seq = (max_context + params_.block_tokens - 1) / params_.block_tokens;
+  b.meta = meta_layout::make(b.max_rows, max_seqs, max_seqs * blocks_per_seq);
+  CUDA_CHECK(cudaMallocHost(&b.meta_host, b.meta.bytes));
+  CUDA_CHECK(cudaEventCreateWithFlags(&b.meta_sent, cudaEventDisableTiming));
+  b.meta_dev = device_mem(b.meta.bytes);
+  const uint64_t rows = b.max_rows;
+  b.x = device_mem(rows * hidden * 2);
+  b.h = device_mem(rows * hidden * 2);
+  b.qkv = device_mem(rows * (qd + 2ull * kvd) * 2);
+  b.attn = device_mem(rows * qd * 2);
+  b.gate_up = device_mem(rows * 2ull * ffn * 2);
+  b.act = device_mem(rows * uint64_t{ffn} * 2);
+  b.delta = device_mem(rows * hidden * 2);
+  b.hsel = device_mem(uint64_t{b.max_outputs} * hidden * 2);
+  b.logits = device_mem(uint64_t{b.max_outputs} * c.vocab_size * 4);
+  const uint64_t attn_ws = k::decode_attention_workspace_bytes(params_.max_batch, c.num_attention_heads,
+                                                               c.num_key_value_heads, k::decode_attention_max_splits);
+  b.attn_ws = device_mem(attn_ws);
+  CUDA_CHECK(cudaMemset(b.attn_ws.ptr, 0, attn_ws));
+  b.tokens_out = device_mem(uint64_t{b.max_outputs} * 4);
+  b.logprobs_out = device_mem(uint64_t{b.max_outputs} * 4);
+  b.top_ids = device_mem(uint64_t{b.max_outputs} * k::sampling_max_top * 4);
+  b.top_logprobs = device_mem(uint64_t{b.max_outputs} * k::sampling_max_top * 4);
+  CUDA_CHECK(cudaMallocHost(&b.out_host, uint64_t{b.max_outputs} * (2 + 2 * k::sampling_max_top) * 4));
+
+  // RoPE tables, computed as the CPU engine computes them (transformers' float32 frequencies).
+  {
+    const rope_table table(c, max_context);
+    const uint64_t n = uint64_t{max_context} * (c.head_dim / 2);
+    b.rope_cos = device_mem(n * 4);
+    b.rope_sin = device_mem(n * 4);
+    CUDA_CHECK(cudaMemcpy(b.rope_cos.ptr, table.cos(0), n * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(b.rope_sin.ptr, table.sin(0), n * 4, cudaMemcpyHostToDevice));
+    b.rope_positions = max_context;
+  }
+
+  // KV pool: one extra block takes the writes of padded decode rows.
+  block_elems_ = k::kv_block_elems(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, params_.block_tokens);
+  const uint64_t block_bytes = block_elems_ * 2;
+  kv_blocks_ = params_.kv_blocks;
+  if (params_.kv_memory_fraction > 0.0) {
+    size_t free_bytes = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    kv_blocks_ = static_cast<uint32_t>(std::min<double>(4e9, free_bytes * params_.kv_memory_fraction / block_bytes));
+    if (kv_blocks_ < 2) throw std::runtime_error("cuda_engine: kv_memory_fraction leaves no room for a KV pool");
+    kv_blocks_ -= 1;
+  }
+  if (kv_blocks_ == 0) throw std::invalid_argument("cuda_engine: kv_blocks must be positive");
+  if ((uint64_t{kv_blocks_} + 1) * params_.block_tokens >= (1ull << 31)) {
+    throw std::invalid_argument("cuda_engine: KV pool over 2^31 token slots");
+  }
+  const cudaError_t pool_err = cudaMalloc(&pool_, (uint64_t{kv_blocks_} + 1) * block_bytes);
+  if (pool_err != cudaSuccess) {
+    throw std::runtime_error("cuda_engine: cannot allocate a KV pool of " + std::to_string(kv_blocks_) + " blocks (" +
+                             std::to_string((uint64_t{kv_blocks_} + 1) * block_bytes) + " bytes): " +
+                             cudaGetErrorString(pool_err));
+  }
+
+  for (uint32_t bucket = 1; bucket < params_.max_batch; bucket *= 2) buckets_.push_back(bucket);
+  buckets_.push_back(params_.max_batch);
+
+  info_.engine = "cuda";
+  info_.model = params_.served_name;
+  info_.vocab_size = c.vocab_size;
+  info_.max_context = max_context;
+  info_.block_tokens = params_.block_tokens;
+  info_.block_bytes = block_bytes;
+  info_.layout_hash = layout_hash(params_.served_name, "bf16", c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
+                                  params_.block_tokens);
+  info_.eos_ids = c.eos_token_ids;
+  CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+cuda_engine::~cuda_engine() {
+  cudaSetDevice(params_.device);
+  if (stream_) cudaStreamSynchronize(as_stream(stream_));
+  for (auto& [bucket, g] : graphs_) {
+    if (g.exec) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g.exec));
+  }
+  if (pool_) cudaFree(pool_);
+  buf_.reset();
+  if (stream_) cudaStreamDestroy(as_stream(stream_));
+}
+
+const transformer_config& cuda_engine::config() const { return weights_->config; }
+uint64_t cuda_engine::weight_bytes() const { return weights_->bytes; }
+
+std::span<const float> cuda_engine::last_logits(std::size_t i) const {
+  const std::size_t v = info_.vocab_size;
+  if ((i + 1) * v > logits_host_.size()) {
+    throw std::out_of_range("cuda_engine::last_logits: no logits kept for output " + std::to_string(i));
+  }
+  return {logits_host_.data() + i * v, v};
+}
+
+void cuda_engine::check_blocks(std::span<const uint32_t> blocks, uint64_t positions, const char* what) const {
+  const uint64_t needed = (positions + params_.block_tokens - 1) / params_.block_tokens;
+  if (blocks.size() < needed) {
+    throw std::invalid_argument(std::string("cuda_engine: ") + what + ": " + std::to_string(positions) + " positions need " +
+                                std::to_string(needed) + " blocks, the block table has " + std::to_string(blocks.size()));
+  }
+  for (uint64_t i = 0; i < needed; ++i) {
+    if (blocks[i] >= kv_blocks_) {
+      throw std::invalid_argument(std::string("cuda_engine: ") + what + ": block " + std::to_string(blocks[i]) +
+                                  " is outside the pool of " + std::to_string(kv_blocks_));
+    }
+  }
+}
+
+uint32_t cuda_engine::bucket_of(uint32_t rows) const {
+  for (uint32_t b : buckets_) {
+    if (b >= rows) return b;
+  }
+  return buckets_.back();
+}
+
+uint32_t cuda_engine::splits_for(uint32_t rows) const {
+  // Enough CTAs for about four waves over the SMs (three CTAs fit on one), whatever the batch.
+  const uint32_t ctas = rows * weights_->config.num_key_value_heads;
+  const uint32_t want = (4u * static_cast<uint32_t>(sm_count_) + ctas - 1) / ctas;
+  return std::clamp(want, 1u, k::decode_attention_max_splits);
+}
+
+void cuda_engine::upload(const pass& ps) {
+  const device_buffers& b = *buf_;
+  const uint64_t bytes = b.meta.blocks + uint64_t{ps.blocks} * 4;
+  CUDA_CHECK(cudaMemcpyAsync(b.meta_dev.ptr, b.meta_host, bytes, cudaMemcpyHostToDevice, as_stream(stream_)));
+  CUDA_CHECK(cudaEventRecord(b.meta_sent, as_stream(stream_)));
+}
+
+void cuda_engine::forward(const pass& ps) {
+  device_buffers& b = *buf_;
+  const cuda_weights& w = *weights_;
+  const transformer_config& c = w.config;
+  const cudaStream_t s = as_stream(stream_);
+  const uint32_t hidden = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(), ffn = c.intermediate_size;
+  const uint32_t qkv_dim = qd + 2 * kvd;
+  const uint32_t rows = ps.rows;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  const k::kv_pool_view kv{static_cast<uint16_t*>(pool_), block_elems_, c.num_hidden_layers, c.num_key_value_heads,
+                           c.head_dim, params_.block_tokens};
+  auto* x = b.x.as<uint16_t>();
+  auto* h = b.h.as<uint16_t>();
+  auto* qkv = b.qkv.as<uint16_t>();
+  auto* attn = b.attn.as<uint16_t>();
+  auto* gu = b.gate_up.as<uint16_t>();
+  auto* delta = b.delta.as<uint16_t>();
+  const bool skinny = rows <= k::gemm_skinny_max_rows;
+
+  kcheck(k::embedding_gather({w.embedding, b.dev<int32_t>(b.meta.tokens), x, rows, hidden, c.vocab_size}, s));
+  for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
+    const cuda_weights::layer& L = w.layers[l];
+    kcheck(k::add_rmsnorm({x, l == 0 ? nullptr : delta, L.input_norm, h, rows, hidden, eps}, s));
+    k::gemm_params g{h, hidden, L.qkv, L.qkv_bias, qkv, qkv_dim, rows, qkv_dim, hidden};
+    kcheck(b.gemm.run(g, s));
+    k::rope_params rp;
+    rp.x = qkv;
+    rp.row_stride = qkv_dim;
+    rp.positions = b.dev<int32_t>(b.meta.positions);
+    rp.cos = b.rope_cos.as<float>();
+    rp.sin = b.rope_sin.as<float>();
+    rp.rows = rows;
+    rp.q_heads = c.num_attention_heads;
+    rp.k_heads = c.num_key_value_heads;
+    rp.head_dim = c.head_dim;
+    rp.max_positions = b.rope_positions;
+    rp.slots = b.dev<int32_t>(b.meta.slots);
+    rp.kv = kv;
+    rp.layer = l;
+    kcheck(k::rope_apply(rp, s));
+    if (ps.decode) {
+      k::decode_attention_params ap;
+      ap.q = qkv;
+      ap.q_stride = qkv_dim;
+      ap.out = attn;
+      ap.out_stride = qd;
+      ap.kv = kv;
+      ap.layer = l;
+      ap.block_table = b.dev<int32_t>(b.meta.blocks);
+      ap.seq_table = b.dev<int32_t>(b.meta.seq_table);
+      ap.seq_lens = b.dev<int32_t>(b.meta.seq_lens);
+      ap.batch = rows;
+      ap.heads = c.num_attention_heads;
+      ap.kv_heads = c.num_key_value_heads;
+      ap.scale = scale;
+      ap.max_splits = ps.max_splits;
+      ap.split_min_keys = 64;
+      ap.workspace = b.attn_ws.ptr;
+      kcheck(k::decode_attention(ap, s));
+    } else {
+      k::prefill_attention_params ap;
+      ap.q = qkv;
+      ap.q_stride = qkv_dim;
+      ap.out = attn;
+      ap.out_stride = qd;
+      ap.kv = kv;
+      ap.layer = l;
+      ap.block_table = b.dev<int32_t>(b.meta.blocks);
+      ap.seq_rows = b.dev<int32_t>(b.meta.seq_rows);
+      ap.seq_start = b.dev<int32_t>(b.meta.seq_start);
+      ap.seq_table = b.dev<int32_t>(b.meta.seq_table);
+      ap.seqs = ps.seqs;
+      ap.max_seq_rows = ps.max_seq_rows;
+      ap.heads = c.num_attention_heads;
+      ap.kv_heads = c.num_key_value_heads;
+      ap.scale = scale;
+      kcheck(k::prefill_attention(ap, s));
+    }
+    kcheck(b.gemm.run({attn, qd, L.o, L.o_bias, delta, hidden, rows, hidden, qd}, s));
+    kcheck(k::add_rmsnorm({x, delta, L.post_norm, h, rows, hidden, eps}, s));
+    kcheck(b.gemm.run({h, hidden, L.gate_up, nullptr, gu, 2 * ffn, rows, 2 * ffn, hidden}, s));
+    if (skinny) {
+      k::gemm_params down{gu, 2 * ffn, L.down, nullptr, delta, hidden, rows, hidden, ffn};
+      down.x_swiglu = true;
+      kcheck(b.gemm.run(down, s));
+    } else {
+      kcheck(k::silu_mul({gu, b.act.as<uint16_t>(), rows, ffn}, s));
+      kcheck(b.gemm.run({b.act.as<uint16_t>(), ffn, L.down, nullptr, delta, hidden, rows, hidden, ffn}, s));
+    }
+  }
+  kcheck(k::add_rmsnorm({x, delta, w.final_norm, h, rows, hidden, eps}, s));
+  if (ps.outputs == 0) return;
+  const uint16_t* head_in = h;
+  if (!ps.decode) {
+    kcheck(k::embedding_gather({h, b.dev<int32_t>(b.meta.out_rows), b.hsel.as<uint16_t>(), ps.outputs, hidden, rows}, s));
+    head_in = b.hsel.as<uint16_t>();
+  }
+  const uint32_t out_rows = ps.decode ? rows : ps.outputs;
+  k::gemm_params head{head_in, hidden, w.lm_head, nullptr, b.logits.ptr, c.vocab_size, out_rows, c.vocab_size, hidden};
+  head.y_fp32 = true;
+  kcheck(b.gemm.run(head, s));
+  k::sample_params sp;
+  sp.logits = b.logits.as<float>();
+  sp.ld = c.vocab_size;
+  sp.rows = out_rows;
+  sp.vocab = c.vocab_size;
+  sp.requests = b.dev<k::sample_row>(b.meta.requests);
+  sp.tokens = b.tokens_out.as<int32_t>();
+  sp.logprobs = b.logprobs_out.as<float>();
+  sp.top_ids = b.top_ids.as<int32_t>();
+  sp.top_logprobs = b.top_logprobs.as<float>();
+  sp.max_top = ps.decode ? k::sampling_max_top : ps.max_top;
+  kcheck(k::sample_tokens(sp, s));
+}
+
+void cuda_engine::finish_samples(const pass& ps, std::vector<sample_result>& results, std::vector<float>& kept_logits) {
+  device_buffers& b = *buf_;
+  const cudaStream_t s = as_stream(stream_);
+  const uint32_t n = ps.decode ? ps.real_rows : ps.outputs;
+  auto* host_tokens = static_cast<int32_t*>(b.out_host);
+  auto* host_logprobs = reinterpret_cast<float*>(host_tokens + b.max_outputs);
+  auto* host_top_ids = reinterpret_cast<int32_t*>(host_logprobs + b.max_outputs);
+  auto* host_top_lp = reinterpret_cast<float*>(host_top_ids + uint64_t{b.max_outputs} * k::sampling_max_top);
+  CUDA_CHECK(cudaMemcpyAsync(host_tokens, b.tokens_out.ptr, n * 4, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaMemcpyAsync(host_logprobs, b.logprobs_out.ptr, n * 4, cudaMemcpyDeviceToHost, s));
+  const uint32_t max_top = ps.decode ? k::sampling_max_top : ps.max_top;
+  if (ps.max_top > 0) {
+    CUDA_CHECK(cudaMemcpyAsync(host_top_ids, b.top_ids.ptr, uint64_t{n} * max_top * 4, cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaMemcpyAsync(host_top_lp, b.top_logprobs.ptr, uint64_t{n} * max_top * 4, cudaMemcpyDeviceToHost, s));
+  }
+  const uint32_t vocab = info_.vocab_size;
+  std::vector<float> row_logits;
+  const uint64_t kept_at = kept_logits.size();
+  if (keep_logits_) {
+    kept_logits.resize(kept_at + uint64_t{n} * vocab);
+    CUDA_CHECK(cudaMemcpyAsync(kept_logits.data() + kept_at, b.logits.ptr, uint64_t{n} * vocab * 4, cudaMemcpyDeviceToHost, s));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  for (uint32_t i = 0; i < n; ++i) {
+    sample_result r;
+    const msg::sampling_params* sp = ps.sampling[i];
+    if (has_penalties(sp)) {
+      // Penalties depend on the whole context: this row is sampled on the host (runtime/sampler).
+      row_logits.resize(vocab);
+      CUDA_CHECK(cudaMemcpy(row_logits.data(), b.logits.as<float>() + uint64_t{i} * vocab, uint64_t{vocab} * 4,
+                            cudaMemcpyDeviceToHost));
+      r = host_sampler_[0].sample(row_logits, sp, ps.context[i], ps.seeds[i], ps.positions[i]);
+    } else {
+      r.token = host_tokens[i];
+      r.logprob = host_logprobs[i];
+      const uint32_t want = sp ? std::min(sp->top_logprobs, k::sampling_max_top) : 0;
+      for (uint32_t j = 0; j < want && j < max_top; ++j) {
+        const int32_t id = host_top_ids[uint64_t{i} * max_top + j];
+        if (id < 0) break;
+        r.top.push_back({id, host_top_lp[uint64_t{i} * max_top + j]});
+      }
+    }
+    results.push_back(std::move(r));
+  }
+}
+
+step_output cuda_engine::prefill(std::span<const prefill_chunk> chunks) {
+  CUDA_CHECK(cudaSetDevice(params_.device));
+  const uint32_t vocab = info_.vocab_size;
+  for (const auto& ch : chunks) {
+    if (ch.tokens.empty()) throw std::invalid_argument("cuda_engine: prefill chunk of sequence " + std::to_string(ch.seq_id) + " is empty");
+    const uint64_t end = uint64_t{ch.start} + ch.tokens.size();
+    if (end > info_.max_context) {
+      throw std::invalid_argument("cuda_engine: sequence " + std::to_string(ch.seq_id) + " reaches position " +
+                                  std::to_string(end) + ", over the context limit of " + std::to_string(info_.max_context));
+    }
+    for (int32_t t : ch.tokens) {
+      if (t < 0 || static_cast<uint32_t>(t) >= vocab) {
+        throw std::invalid_argument("cuda_engine: token " + std::to_string(t) + " of sequence " + std::to_string(ch.seq_id) +
+                                    " is outside the vocabulary of " + std::to_string(vocab));
+      }
+    }
+    check_blocks(ch.blocks, end, "prefill");
+  }
+  for (const auto& ch : chunks) {
+    if (has_penalties(ch.sampling)) {
+      auto& seen = prompt_tokens_[ch.seq_id];
+      if (ch.start == 0) seen.clear();
+      seen.insert(seen.end(), ch.tokens.begin(), ch.tokens.end());
+    }
+  }
+
+  device_buffers& b = *buf_;
+  const uint32_t bt = params_.block_tokens;
+  std::vector<sample_result> results;
+  std::vector<float> kept;
+  // Passes of at most max_rows rows, max_seqs sequences and max_blocks block entries; a chunk
+  // longer than a pass continues in the next (chunked prefill inside the engine).
+  std::size_t ci = 0;
+  uint32_t done_in_chunk = 0;
+  while (ci < chunks.size()) {
+    CUDA_CHECK(cudaEventSynchronize(b.meta_sent));  // the previous pass's upload has read meta_host
+    pass ps;
+    auto* tokens = b.host<int32_t>(b.meta.tokens);
+    auto* positions = b.host<int32_t>(b.meta.positions);
+    auto* slots = b.host<int32_t>(b.meta.slots);
+    auto* seq_rows = b.host<int32_t>(b.meta.seq_rows);
+    auto* seq_start = b.host<int32_t>(b.meta.seq_start);
+    auto* seq_table = b.host<int32_t>(b.meta.seq_table);
+    auto* out_rows = b.host<int32_t>(b.meta.out_rows);
+    auto* requests = b.host<k::sample_row>(b.meta.requests);
+    auto* blocks = b.host<int32_t>(b.meta.blocks);
+    seq_rows[0] = 0;
+    while (ci < chunks.size() && ps.rows < b.max_rows && ps.seqs < b.meta.max_seqs) {
+      const prefill_chunk& ch = chunks[ci];
+      const uint32_t first = ch.start + done_in_chunk;
+      const uint32_t take = std::min<uint32_t>(static_cast<uint32_t>(ch.tokens.size()) - done_in_chunk, b.max_rows - ps.rows);
+      const uint32_t table_len = (first + take + bt - 1) / bt;
+      if (ps.blocks + table_len > b.meta.max_blocks) break;
+      const uint32_t seq = ps.seqs++;
+      seq_start[seq] = static_cast<int32_t>(first);
+      seq_table[seq] = static_cast<int32_t>(ps.blocks);
+      for (uint32_t i = 0; i < table_len; ++i) blocks[ps.blocks + i] = static_cast<int32_t>(ch.blocks[i]);
+      ps.blocks += table_len;
+      for (uint32_t i = 0; i < take; ++i) {
+        const uint32_t pos = first + i;
+        tokens[ps.rows + i] = ch.tokens[done_in_chunk + i];
+        positions[ps.rows + i] = static_cast<int32_t>(pos);
+        slots[ps.rows + i] = static_cast<int32_t>(ch.blocks[pos / bt] * bt + pos % bt);
+      }
+      ps.rows += take;
+      seq_rows[seq + 1] = static_cast<int32_t>(ps.rows);
+      ps.max_seq_rows = std::max(ps.max_seq_rows, take);
+      done_in_chunk += take;
+      if (done_in_chunk == ch.tokens.size()) {
+        if (ch.last) {
+          const uint32_t o = ps.outputs++;
+          out_rows[o] = static_cast<int32_t>(ps.rows - 1);
+          const msg::sampling_params* sp = ch.sampling;
+          const uint64_t seed = sampler_seed(sp, ch.seq_id);
+          const uint64_t position = uint64_t{ch.start} + ch.tokens.size();
+          k::sample_row rq;
+          if (sp) {
+            rq.temperature = sp->temperature;
+            rq.top_p = sp->top_p;
+            rq.min_p = sp->min_p;
+            rq.top_k = sp->top_k;
+            rq.top_logprobs = std::min(sp->top_logprobs, k::sampling_max_top);
+            ps.max_top = std::max(ps.max_top, rq.top_logprobs);
+          }
+          rq.uniform = sampler_uniform(seed, position);
+          requests[o] = rq;
+          ps.sampling.push_back(sp);
+          std::span<const int32_t> context = ch.tokens;
+          if (auto it = prompt_tokens_.find(ch.seq_id); it != prompt_tokens_.end()) context = it->second;
+          ps.context.push_back(context);
+          ps.seeds.push_back(seed);
+          ps.positions.push_back(position);
+        }
+        ++ci;
+        done_in_chunk = 0;
+      }
+      if (ps.outputs == b.max_outputs) break;
+    }
+    upload(ps);
+    forward(ps);
+    if (ps.outputs > 0) finish_samples(ps, results, kept);
+  }
+  CUDA_CHECK(cudaStreamSynchronize(as_stream(stream_)));
+  for (const auto& ch : chunks) {
+    if (ch.last) prompt_tokens_.erase(ch.seq_id);
+  }
+  samples_ = std::move(results);
+  logits_host_ = std::move(kept);
+  step_output out;
+  for (const auto& r : samples_) out.tokens.push_back(r.token);
+  return out;
+}
+
+void cuda_engine::decode_part(std::span<const decode_slot> slots, std::vector<sample_result>& results,
+                              std::vector<float>& kept_logits) {
+  device_buffers& b = *buf_;
+  const uint32_t bt = params_.block_tokens;
+  CUDA_CHECK(cudaEventSynchronize(b.meta_sent));
+  pass ps;
+  ps.decode = true;
+  ps.real_rows = static_cast<uint32_t>(slots.size());
+  ps.rows = params_.cuda_graphs ? bucket_of(ps.real_rows) : ps.real_rows;
+  ps.seqs = ps.rows;
+  ps.outputs = ps.rows;
+  ps.max_splits = splits_for(ps.rows);
+  auto* tokens = b.host<int32_t>(b.meta.tokens);
+  auto* positions = b.host<int32_t>(b.meta.positions);
+  auto* slot_ids = b.host<int32_t>(b.meta.slots);
+  auto* seq_table = b.host<int32_t>(b.meta.seq_table);
+  auto* seq_lens = b.host<int32_t>(b.meta.seq_lens);
+  auto* requests = b.host<k::sample_row>(b.meta.requests);
+  auto* blocks = b.host<int32_t>(b.meta.blocks);
+  for (uint32_t i = 0; i < ps.rows; ++i) {
+    if (i < ps.real_rows) {
+      const decode_slot& s = slots[i];
+      const uint32_t len = static_cast<uint32_t>(s.history.size());
+      const uint32_t pos = len - 1;
+      tokens[i] = s.history.back();
+      positions[i] = static_cast<int32_t>(pos);
+      slot_ids[i] = static_cast<int32_t>(s.blocks[pos / bt] * bt + pos % bt);
+      seq_lens[i] = static_cast<int32_t>(len);
+      seq_table[i] = static_cast<int32_t>(ps.blocks);
+      const uint32_t table_len = (len + bt - 1) / bt;
+      for (uint32_t j = 0; j < table_len; ++j) blocks[ps.blocks + j] = static_cast<int32_t>(s.blocks[j]);
+      ps.blocks += table_len;
+      const msg::sampling_params* sp = s.sampling;
+      const uint64_t seed = sampler_seed(sp, s.seq_id);
+      k::sample_row rq;
+      if (sp) {
+        rq.temperature = sp->temperature;
+        rq.top_p = sp->top_p;
+        rq.min_p = sp->min_p;
+        rq.top_k = sp->top_k;
+        rq.top_logprobs = std::min(sp->top_logprobs, k::sampling_max_top);
+        ps.max_top = std::max(ps.max_top, rq.top_logprobs);
+      }
+      rq.uniform = sampler_uniform(seed, s.history.size());
+      requests[i] = rq;
+      ps.sampling.push_back(sp);
+      ps.context.push_back(s.history);
+      ps.seeds.push_back(seed);
+      ps.positions.push_back(s.history.size());
+    } else {
+      // Padding: one token at position 0 of the scratch block, greedy.
+      tokens[i] = 0;
+      positions[i] = 0;
+      slot_ids[i] = static_cast<int32_t>(kv_blocks_ * bt);
+      seq_lens[i] = 1;
+      seq_table[i] = static_cast<int32_t>(ps.blocks);
+      blocks[ps.blocks++] = static_cast<int32_t>(kv_blocks_);
+      requests[i] = k::sample_row{};
+    }
+  }
+  upload(ps);
+  const cudaStream_t s = as_stream(stream_);
+  bool replayed = false;
+  if (params_.cuda_graphs) {
+    decode_graph& g = graphs_[ps.rows];
+    if (!g.exec && !g.failed) {
+      // Warm up eagerly (GEMM plans and tuning happen outside capture), then capture.
+      forward(ps);
+      CUDA_CHECK(cudaStreamSynchronize(s));
+      CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      bool captured = true;
+      std::string why;
+      try {
+        forward(ps);
+      } catch (const std::exception& e) {
+        captured = false;
+        why = e.what();
+      }
+      cudaGraph_t graph = nullptr;
+      const cudaError_t end = cudaStreamEndCapture(s, &graph);
+      cudaGraphExec_t exec = nullptr;
+      if (captured && end == cudaSuccess && graph && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess) {
+        g.exec = exec;
+        g.max_splits = ps.max_splits;
+      } else {
+        g.failed = true;
+        cudaGetLastError();
+        std::fprintf(stderr, "cuda_engine: decode graph for batch %u not captured (%s); running eagerly\n", ps.rows,
+                     why.empty() ? cudaGetErrorString(end) : why.c_str());
+      }
+      if (graph) cudaGraphDestroy(graph);
+      // The warm-up pass already computed this step's outputs.
+      ++eager_steps_;
+      finish_samples(ps, results, kept_logits);
+      return;
+    }
+    if (g.exec) {
+      CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g.exec), s));
+      replayed = true;
+      ++graph_steps_;
+    }
+  }
+  if (!replayed) {
+    forward(ps);
+    ++eager_steps_;
+  }
+  finish_samples(ps, results, kept_logits);
+}
+
+step_output cuda_engine::decode(std::span<const decode_slot> slots) {
+  CUDA_CHECK(cudaSetDevice(params_.device));
+  const uint32_t vocab = info_.vocab_size;
+  for (const auto& s : slots) {
+    if (s.history.empty()) throw std::invalid_argument("cuda_engine: decode slot of sequence " + std::to_string(s.seq_id) + " has no history");
+    const uint64_t positions = s.history.size();
+    if (positions > info_.max_context) {
+      throw std::invalid_argument("cuda_engine: sequence " + std::to_string(s.seq_id) + " holds " + std::to_string(positions) +
+                                  " tokens, over the context limit of " + std::to_string(info_.max_context));
+    }
+    const int32_t t = s.history.back();
+    if (t < 0 || static_cast<uint32_t>(t) >= vocab) {
+      throw std::invalid_argument("cuda_engine: token " + std::to_string(t) + " of sequence " + std::to_string(s.seq_id) +
+                                  " is outside the vocabulary of " + std::to_string(vocab));
+    }
+    check_blocks(s.blocks, positions, "decode");
+  }
+  std::vector<sample_result> results;
+  std::vector<float> kept;
+  for (std::size_t at = 0; at < slots.size(); at += params_.max_batch) {
+    decode_part(slots.subspan(at, std::min<std::size_t>(params_.max_batch, slots.size() - at)), results, kept);
+  }
+  samples_ = std::move(results);
+  logits_host_ = std::move(kept);
+  step_output out;
+  for (const auto& r : samples_) out.tokens.push_back(r.token);
+  return out;
+}
+
+void cuda_engine::release(uint64_t seq_id) { prompt_tokens_.erase(seq_id); }
+
+bool cuda_engine::read_blocks(std::span<const uint32_t> blocks, std::span<std::byte> out) const {
+  if (out.size() != blocks.size() * info_.block_bytes) return false;
+  for (uint32_t blk : blocks) {
+    if (blk >= kv_blocks_) return false;
+  }
+  CUDA_CHECK(cudaSetDevice(params_.device));
+  const cudaStream_t s = as_stream(stream_);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    CUDA_CHECK(cudaMemcpyAsync(out.data() + i * info_.block_bytes, static_cast<char*>(pool_) + blocks[i] * info_.block_bytes,
+                               info_.block_bytes, cudaMemcpyDeviceToHost, s));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  return true;
+}
+
+bool cuda_engine::write_blocks(std::span<const uint32_t> blocks, std::span<const std::byte> in) {
+  if (in.size() != blocks.size() * info_.block_bytes) return false;
+  for (uint32_t blk : blocks) {
+    if (blk >= kv_blocks_) return false;
+  }
+  CUDA_CHECK(cudaSetDevice(params_.device));
+  const cudaStream_t s = as_stream(stream_);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(pool_) + blocks[i] * info_.block_bytes, in.data() + i * info_.block_bytes,
+                               info_.block_bytes, cudaMemcpyHostToDevice, s));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  return true;
+}
+
+std::unique_ptr<engine> make_cuda_engine(const deployment_config& config, const actor_config& actor) {
+  if (config.model.path.empty()) {
+    throw std::runtime_error("engine 'cuda' needs model.path: a Hugging Face model directory (config.json, *.safetensors)");
+  }
+  cuda_engine_params params;
+  params.served_name = config.model.name;
+  params.device = actor.device;
+  params.kv_blocks = actor.kv_blocks;
+  params.kv_memory_fraction = actor.kv_memory_fraction;
+  params.block_tokens = config.model.block_tokens;
+  params.max_context = config.model.max_context;
+  params.max_batch = std::max(1u, actor.max_batch);
+  params.prefill_tokens = std::max(1u, actor.chunk_tokens);
+  params.high_priority = actor.role == actor_role::decode;
+  return std::make_unique<cuda_engine>(config.model.path, std::move(params));
+}
+
+}  // namespace duet

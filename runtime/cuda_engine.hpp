@@ -1,0 +1,124 @@
+#pragma once
+// The CUDA engine: Llama and Qwen2 decoder-only transformers in bf16 on one GPU, over a paged KV
+// pool, with chunked prefill and decode steps replayed from CUDA graphs (one per batch-size
+// bucket). docs/cuda-engine.md: design, kernels, numerics and measured speed.
+//
+// Weights are loaded once per (checkpoint, device) in the process and shared read-only by every
+// engine on that device (QKV and gate/up fused at load). Everything else (stream, KV pool,
+// workspace, graphs) belongs to one engine. Errors at load and CUDA errors in a step throw
+// std::runtime_error naming the file:line of the failed call; bad step inputs throw
+// std::invalid_argument before anything touches the device (the engine stays usable).
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/engine.hpp"
+#include "runtime/hf_model.hpp"
+#include "runtime/sampler.hpp"
+
+namespace duet {
+
+/// Construction parameters of a cuda_engine.
+struct cuda_engine_params {
+  std::string served_name = "duet-cuda";  // engine_info.model; part of the layout hash
+  int device = 0;
+  uint32_t kv_blocks = 4096;           // KV pool size in blocks (when kv_memory_fraction == 0)
+  double kv_memory_fraction = 0.0;     // > 0: the pool takes this fraction of the memory free after load
+  uint32_t block_tokens = 16;
+  uint32_t max_context = 32768;        // capped at the model's max_position_embeddings
+  uint32_t max_batch = 64;             // decode rows per graph launch (larger steps run in parts)
+  uint32_t prefill_tokens = 2048;      // rows per prefill forward pass (longer steps run in pieces)
+  bool high_priority = false;          // the stream gets the device's highest priority (decode actors)
+  bool cuda_graphs = true;             // decode steps replay captured graphs
+};
+
+struct cuda_weights;
+
+/// The weights of `dir` on `device`, loaded on first use and shared while any engine holds them.
+[[nodiscard]] std::shared_ptr<const cuda_weights> load_cuda_weights_shared(const std::filesystem::path& dir, int device);
+
+class cuda_engine final : public engine {
+ public:
+  cuda_engine(const std::filesystem::path& model_dir, cuda_engine_params params);
+  ~cuda_engine() override;
+  cuda_engine(const cuda_engine&) = delete;
+  cuda_engine& operator=(const cuda_engine&) = delete;
+
+  [[nodiscard]] const engine_info& info() const override { return info_; }
+  [[nodiscard]] step_output prefill(std::span<const prefill_chunk> chunks) override;
+  [[nodiscard]] step_output decode(std::span<const decode_slot> slots) override;
+  void release(uint64_t seq_id) override;
+  /// block_bytes per block; false (nothing copied) when a block id is outside the pool or `out`
+  /// is not blocks.size() * block_bytes long.
+  bool read_blocks(std::span<const uint32_t> blocks, std::span<std::byte> out) const override;
+  bool write_blocks(std::span<const uint32_t> blocks, std::span<const std::byte> in) override;
+
+  /// The sampled tokens of the last prefill or decode call, in step_output order, with their
+  /// log-probabilities and top_logprobs (at most 32 each).
+  [[nodiscard]] const std::vector<sample_result>& last_samples() const { return samples_; }
+  /// Keep a host copy of every sampled row's logits (vocab_size floats each) for last_logits().
+  void keep_logits(bool keep) { keep_logits_ = keep; }
+  /// The logits behind last_samples()[i] (needs keep_logits(true) before the step).
+  [[nodiscard]] std::span<const float> last_logits(std::size_t i) const;
+
+  [[nodiscard]] const transformer_config& config() const;
+  [[nodiscard]] uint32_t kv_blocks() const { return kv_blocks_; }
+  /// The KV pool (kv_blocks() blocks of info().block_bytes) on the device, for benchmarks that
+  /// fill it directly.
+  [[nodiscard]] void* kv_pool() const { return pool_; }
+  /// Bytes of weights on the device (shared).
+  [[nodiscard]] uint64_t weight_bytes() const;
+  /// Decode steps so far that ran from a captured graph / eagerly.
+  [[nodiscard]] uint64_t graph_steps() const { return graph_steps_; }
+  [[nodiscard]] uint64_t eager_steps() const { return eager_steps_; }
+
+ private:
+  struct device_buffers;
+  struct pass;
+  struct decode_graph {
+    void* exec = nullptr;  // cudaGraphExec_t
+    uint32_t max_splits = 1;
+    bool failed = false;
+  };
+
+  void forward(const pass& ps);
+  void upload(const pass& ps);
+  void run_pass(pass& ps, std::vector<sample_result>& results, std::vector<float>& kept_logits);
+  void finish_samples(const pass& ps, std::vector<sample_result>& results, std::vector<float>& kept_logits);
+  void decode_part(std::span<const decode_slot> slots, std::vector<sample_result>& results,
+                   std::vector<float>& kept_logits);
+  [[nodiscard]] uint32_t bucket_of(uint32_t rows) const;
+  [[nodiscard]] uint32_t splits_for(uint32_t rows) const;
+  void check_blocks(std::span<const uint32_t> blocks, uint64_t positions, const char* what) const;
+
+  std::shared_ptr<const cuda_weights> weights_;
+  cuda_engine_params params_;
+  engine_info info_;
+  void* stream_ = nullptr;  // cudaStream_t
+  std::unique_ptr<device_buffers> buf_;
+  void* pool_ = nullptr;
+  uint32_t kv_blocks_ = 0;   // usable blocks; block kv_blocks_ is scratch for padded rows
+  uint64_t block_elems_ = 0;
+  int sm_count_ = 0;
+  std::map<uint32_t, decode_graph> graphs_;
+  std::vector<uint32_t> buckets_;
+  bool keep_logits_ = false;
+  std::vector<sample_result> samples_;
+  std::vector<float> logits_host_;
+  std::vector<sampler> host_sampler_{1};  // rows whose requests have penalties are sampled on the host
+  std::unordered_map<uint64_t, std::vector<int32_t>> prompt_tokens_;  // penalties: prompt seen so far
+  uint64_t graph_steps_ = 0;
+  uint64_t eager_steps_ = 0;
+};
+
+/// engine.kind "cuda": loads config.model.path on actor.device with the actor's KV pool size
+/// (kv_blocks, or kv_memory_fraction of free memory), max_batch and chunk_tokens; decode actors
+/// get the high-priority stream.
+[[nodiscard]] std::unique_ptr<engine> make_cuda_engine(const deployment_config& config, const actor_config& actor);
+
+}  // namespace duet

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Everything the CUDA engine is checked and measured by, on the GPU machine, in one command:
+#   build -> kernel tests -> compute-sanitizer (memcheck, racecheck) -> engine tests ->
+#   random R1-Distill-Llama-8B checkpoint -> Hugging Face reference -> end-to-end comparison ->
+#   benchmark -> PyTorch peers -> summary table.
+# Run from the repository root (docs/cuda-engine.md gives the exact device call):
+#   scripts/gpu-check.sh                       all stages
+#   GPU_CHECK_STAGES=bench,peers scripts/gpu-check.sh
+# Needs .devdeps/ (../shared/device/fetch-debs.sh plus libboost1.74-dev libutf8proc-dev
+# libutf8proc2 libbenchmark-dev) and, for the peers stage, the peer scripts copied to .peers/.
+# Results go to $OUT (gpu-check.log, e2e.json, bench.json, peers' JSON, summary.md).
+set -u
+export OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/gpu-check.log") 2>&1
+STAGES=${GPU_CHECK_STAGES:-build,kernels,sanitize,engine,e2e,bench,peers,summary}
+BUILD=${GPU_CHECK_BUILD:-build-gpu}
+CKPT=${GPU_CHECK_CKPT:-$BUILD/r1-distill-llama-8b-random}
+HFREF=$BUILD/hf-reference
+has() { [[ ",$STAGES," == *",$1,"* ]]; }
+failed=()
+stage() { echo; echo "=== $1 ($(date +%T))"; }
+run() {  # run NAME TIMEOUT CMD...: records a failure, never stops the script
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@"
+  local rc=$?
+  echo "--- $name: exit $rc in $((SECONDS - t0)) s"
+  [ $rc -eq 0 ] || failed+=("$name($rc)")
+  return $rc
+}
+
+if [ -d .devdeps ]; then source .devdeps/unpack-debs.sh .devdeps; fi
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader || true
+
+if has build; then
+  stage build
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDUET_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DDUET_BENCH=ON >"$BUILD.configure.log" 2>&1 || { tail -30 "$BUILD.configure.log"; echo "configure failed"; exit 1; }
+  run build 400 cmake --build "$BUILD" -j16 --target test_cuda_kernels test_cuda_engine cuda_e2e bench_cuda_engine || exit 1
+fi
+
+writer=""
+if has e2e && [ ! -f "$CKPT/config.json" ]; then
+  # The 16 GB checkpoint is written on the CPUs while the GPU tests run.
+  ( "$BUILD/tests/cuda_e2e" write "$CKPT" > "$BUILD/ckpt.log" 2>&1 ) &
+  writer=$!
+fi
+
+if has kernels; then
+  stage "kernel tests"
+  run kernels 300 "$BUILD/tests/test_cuda_kernels" -d
+fi
+if has sanitize; then
+  stage "compute-sanitizer (small sweeps)"
+  export DUET_CUDA_TEST_SMALL=1
+  run memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 "$BUILD/tests/test_cuda_kernels"
+  run racecheck 300 compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 9 --print-limit 20 \
+    "$BUILD/tests/test_cuda_kernels" -tc='*attention*,*sample*,*rmsnorm*'
+  unset DUET_CUDA_TEST_SMALL
+fi
+if has engine; then
+  stage "engine tests"
+  run engine 300 "$BUILD/tests/test_cuda_engine" -d
+fi
+if has e2e; then
+  stage "end to end against Hugging Face transformers"
+  if [ -n "$writer" ]; then wait "$writer"; fi
+  cat "$BUILD/ckpt.log" 2>/dev/null
+  run hf-reference 400 python3 tests/cuda_hf_reference.py "$CKPT" "$HFREF" --steps 64
+  run e2e 300 "$BUILD/tests/cuda_e2e" compare "$CKPT" "$HFREF" "$OUT/e2e.json"
+fi
+if has bench; then
+  stage benchmark
+  if [ -n "$writer" ]; then wait "$writer"; fi
+  [ -f "$CKPT/config.json" ] || run checkpoint 300 "$BUILD/tests/cuda_e2e" write "$CKPT"
+  run bench 400 "$BUILD/bench/bench_cuda_engine" "$CKPT" "$OUT/bench.json" ${GPU_CHECK_BENCH_ARGS:-}
+fi
+if has peers; then
+  stage "PyTorch peers (shared/peers, same machine, same call)"
+  if [ -d .peers ]; then
+    root=$PWD
+    pushd "$OUT" >/dev/null
+    run peer-graph 240 python3 "$root/.peers/torch_decode_graph.py"
+    run peer-hf 300 python3 "$root/.peers/hf_transformers.py"
+    popd >/dev/null
+  else
+    echo "no .peers/ folder: copy ../shared/peers/*.py there"
+  fi
+fi
+if has summary && [ -f "$OUT/bench.json" ]; then
+  stage summary
+  python3 - "$OUT" <<'PY' | tee "$OUT/summary.md"
+import json, os, sys
+out = sys.argv[1]
+def load(name):
+    p = os.path.join(out, name)
+    return json.load(open(p)) if os.path.exists(p) else {}
+bench, graph, hf = load("bench.json"), load("graphdecode.json"), load("baseline.json")
+print("| decode | ms/step | floor ms | floor/ours | PyTorch+graph ms | PyTorch/ours |")
+print("| --- | --- | --- | --- | --- | --- |")
+for d in bench.get("decode", []):
+    peer = graph.get(f"graph_B{d['batch']}_T{d['context']}_ms")
+    print(f"| B={d['batch']} ctx={d['context']} | {d['ms']:.3f} | {d['floor_ms']:.3f} | {d['floor_fraction']:.2f} | "
+          + (f"{peer:.3f} | {peer / d['ms']:.2f}x |" if peer else "- | - |"))
+print()
+print("| prefill | tok/s | ms | floor ms | floor/ours | HF tok/s | ours/HF |")
+print("| --- | --- | --- | --- | --- | --- | --- |")
+for p in bench.get("prefill", []):
+    peer = hf.get(f"prefill_{p['tokens']}_tok_s")
+    print(f"| {p['tokens']} | {p['tok_s']:.0f} | {p['ms']:.1f} | {p['floor_ms']:.1f} | {p['floor_fraction']:.2f} | "
+          + (f"{peer:.0f} | {p['tok_s'] / peer:.2f}x |" if peer else "- | - |"))
+print()
+for k, v in sorted(bench.get("kernels", {}).items()):
+    print(f"- {k}: {v:.3f}")
+PY
+fi
+echo
+if [ ${#failed[@]} -eq 0 ]; then echo "GPU CHECK: all stages passed"; else echo "GPU CHECK: FAILED: ${failed[*]}"; fi
+[ ${#failed[@]} -eq 0 ]

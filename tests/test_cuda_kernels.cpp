@@ -1,0 +1,469 @@
+// Every CUDA kernel against its CPU reference (kernels/*_ref.cpp) on swept shapes, with outputs
+// poisoned (NaN) first: a NaN left anywhere fails, and so does a relative error
+// ||gpu - ref|| / ||ref|| over the bound stated at each check. Needs a GPU; skips without one.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kernels/attention.cuh"
+#include "kernels/embedding.cuh"
+#include "kernels/gemm.cuh"
+#include "kernels/kv_layout.hpp"
+#include "kernels/rmsnorm.cuh"
+#include "kernels/rope.cuh"
+#include "kernels/sampling.cuh"
+#include "kernels/silu_mul.cuh"
+#include "tests/cuda_test_util.hpp"
+
+using namespace duet::kernels;
+using namespace duet::cuda_test;
+
+namespace {
+
+void ok(const kstatus& s) { REQUIRE_MESSAGE(s.ok(), s.message()); }
+
+void expect(const error_stats& e, double bound, const std::string& what) {
+  INFO(what << ": rel " << e.rel << " (bound " << bound << "), non-finite " << e.nan << " of " << e.n);
+  CHECK(e.nan == 0);
+  CHECK(e.rel <= bound);
+}
+
+}  // namespace
+
+TEST_CASE("embedding_gather copies table rows and zeroes rows of out-of-range ids") {
+  DUET_REQUIRE_GPU();
+  std::mt19937 rng(1);
+  for (uint32_t hidden : {64u, 4096u}) {
+    for (uint32_t rows : {1u, 37u}) {
+      const uint32_t vocab = 1000;
+      const auto table = random_bf16(uint64_t{vocab} * hidden, rng);
+      std::vector<int32_t> ids(rows);
+      for (auto& id : ids) id = static_cast<int32_t>(rng() % vocab);
+      ids[0] = rows > 1 ? -1 : ids[0];
+      ids.back() = rows > 1 ? static_cast<int32_t>(vocab) : ids.back();
+      dbuf<uint16_t> dt(table), dout(uint64_t{rows} * hidden);
+      dbuf<int32_t> dids(ids);
+      ok(embedding_gather({dt.get(), dids.get(), dout.get(), rows, hidden, vocab}, nullptr));
+      std::vector<uint16_t> ref(uint64_t{rows} * hidden);
+      embedding_gather_reference({table.data(), ids.data(), ref.data(), rows, hidden, vocab});
+      CHECK(dout.download() == ref);  // exact
+    }
+  }
+}
+
+TEST_CASE("add_rmsnorm matches Hugging Face's bf16 RMSNorm with and without the residual add") {
+  DUET_REQUIRE_GPU();
+  std::mt19937 rng(2);
+  for (uint32_t hidden : {64u, 576u, 4096u, 8192u}) {
+    for (uint32_t rows : {1u, 5u, 64u}) {
+      for (bool add : {false, true}) {
+        const uint64_t n = uint64_t{rows} * hidden;
+        auto res = random_bf16(n, rng, 2.0f);
+        const auto delta = random_bf16(n, rng, 1.0f);
+        const auto weight = random_bf16(hidden, rng, 0.1f, 1.0f);
+        dbuf<uint16_t> dres(res), ddelta(delta), dw(weight), dout(n);
+        ok(add_rmsnorm({dres.get(), add ? ddelta.get() : nullptr, dw.get(), dout.get(), rows, hidden, 1e-5f}, nullptr));
+        std::vector<uint16_t> out_ref(n);
+        add_rmsnorm_reference({res.data(), add ? delta.data() : nullptr, weight.data(), out_ref.data(), rows, hidden, 1e-5f});
+        // Bound 4e-3: the same bf16 rounding steps; only the fp32 sum order differs (a few 1-ulp flips).
+        expect(compare_bf16(dout.download(), out_ref), 4e-3, "rmsnorm out");
+        CHECK(dres.download() == res);  // the residual add is exact (one bf16 rounding of an fp32 sum)
+      }
+    }
+  }
+}
+
+TEST_CASE("rope_apply rotates q and k with llama3-scaled tables and appends K and V to their pages") {
+  DUET_REQUIRE_GPU();
+  std::mt19937 rng(3);
+  struct shape {
+    uint32_t q_heads, k_heads, block_tokens;
+  };
+  for (const shape sh : {shape{32, 8, 16}, shape{12, 2, 32}, shape{4, 4, 16}}) {
+    for (uint32_t rows : {1u, 33u}) {
+      const uint32_t d = 128, half = 64, max_pos = 4096, layers = 3;
+      // Tables as the engine builds them: angle = inv_freq * pos in float, cos/sin rounded to float.
+      std::vector<float> cosv(uint64_t{max_pos} * half), sinv(uint64_t{max_pos} * half);
+      for (uint32_t p = 0; p < max_pos; ++p) {
+        for (uint32_t i = 0; i < half; ++i) {
+          const float inv = 1.0f / std::pow(500000.0f, static_cast<float>(2 * i) / d) / (i > 40 ? 8.0f : 1.0f);
+          const float a = inv * static_cast<float>(p);
+          cosv[uint64_t{p} * half + i] = static_cast<float>(std::cos(static_cast<double>(a)));
+          sinv[uint64_t{p} * half + i] = static_cast<float>(std::sin(static_cast<double>(a)));
+        }
+      }
+      const uint32_t stride = (sh.q_heads + 2 * sh.k_heads) * d + 8;
+      auto x = random_bf16(uint64_t{rows} * stride, rng);
+      std::vector<int32_t> pos(rows), slots(rows);
+      const uint32_t blocks = 8;
+      std::vector<int32_t> all(blocks * sh.block_tokens);
+      std::iota(all.begin(), all.end(), 0);
+      std::shuffle(all.begin(), all.end(), rng);
+      for (uint32_t r = 0; r < rows; ++r) {
+        pos[r] = static_cast<int32_t>(rng() % max_pos);
+        slots[r] = r == 0 && rows > 1 ? -1 : all[r];
+      }
+      kv_pool_view kv{nullptr, kv_block_elems(layers, sh.k_heads, d, sh.block_tokens), layers, sh.k_heads, d, sh.block_tokens};
+      std::vector<uint16_t> pool(kv.block_elems * blocks, 0xffff);  // poisoned
+      dbuf<uint16_t> dx(x), dpool(pool);
+      dbuf<int32_t> dpos(pos), dslots(slots);
+      dbuf<float> dcos(cosv), dsin(sinv);
+      rope_params p;
+      p.row_stride = stride;
+      p.rows = rows;
+      p.q_heads = sh.q_heads;
+      p.k_heads = sh.k_heads;
+      p.head_dim = d;
+      p.max_positions = max_pos;
+      p.kv = kv;
+      p.layer = 1;
+      rope_params gp = p;
+      gp.x = dx.get();
+      gp.positions = dpos.get();
+      gp.cos = dcos.get();
+      gp.sin = dsin.get();
+      gp.slots = dslots.get();
+      gp.kv.pool = dpool.get();
+      ok(rope_apply(gp, nullptr));
+      rope_params rp = p;
+      rp.x = x.data();
+      rp.positions = pos.data();
+      rp.cos = cosv.data();
+      rp.sin = sinv.data();
+      rp.slots = slots.data();
+      rp.kv.pool = pool.data();
+      rope_apply_reference(rp);
+      // Bound 1e-6: the same fp32 products and bf16 roundings, so bit-identical in practice.
+      expect(compare_bf16(dx.download(), x), 1e-6, "rope rows");
+      const auto gpu_pool = dpool.download();
+      CHECK(std::memcmp(gpu_pool.data(), pool.data(), pool.size() * 2) == 0);  // same slots written, the rest untouched
+    }
+  }
+}
+
+TEST_CASE("silu_mul matches bf16(bf16(silu(gate)) * up)") {
+  DUET_REQUIRE_GPU();
+  std::mt19937 rng(4);
+  for (uint32_t ffn : {64u, 14336u}) {
+    for (uint32_t rows : {1u, 19u}) {
+      const auto gu = random_bf16(uint64_t{rows} * 2 * ffn, rng, 3.0f);
+      dbuf<uint16_t> dgu(gu), dout(uint64_t{rows} * ffn);
+      ok(silu_mul({dgu.get(), dout.get(), rows, ffn}, nullptr));
+      std::vector<uint16_t> ref(uint64_t{rows} * ffn);
+      silu_mul_reference({gu.data(), ref.data(), rows, ffn});
+      // Bound 4e-3: __expf against std::exp moves a few results by one bf16 ulp.
+      expect(compare_bf16(dout.download(), ref), 4e-3, "silu_mul");
+    }
+  }
+}
+
+TEST_CASE("gemm matches fp32 accumulation on the skinny and cuBLASLt paths, with bias, fp32 output and SwiGLU input") {
+  DUET_REQUIRE_GPU();
+  std::mt19937 rng(5);
+  gemm_runner runner;
+  ok(runner.init());
+  struct shape {
+    uint32_t m, n, k;
+    bool bias, fp32, swiglu;
+    gemm_path path;
+  };
+  std::vector<shape> shapes = {
+      {1, 6144, 4096, false, false, false, gemm_path::automatic},
+      {3, 1000, 512, true, false, false, gemm_path::automatic},
+      {8, 1027, 1024, false, true, false, gemm_path::automatic},
+      {5, 2000, 1024, false, false, true, gemm_path::automatic},
+      {8, 4096, 14336, false, false, true, gemm_path::skinny},
+      {4, 512, 256, false, false, false, gemm_path::cublaslt},
+      {37, 6144, 512, true, false, false, gemm_path::automatic},
+      {256, 512, 4096, false, false, false, gemm_path::automatic},
+      {64, 1003, 1024, false, true, false, gemm_path::automatic},
+  };
+  if (small_sweep()) shapes.resize(4);
+  for (const shape& s : shapes) {
+    const uint32_t ldx = s.swiglu ? 2 * s.k : s.k;
+    const auto x = random_bf16(uint64_t{s.m} * ldx, rng, 1.0f);
+    const auto w = random_bf16(uint64_t{s.n} * s.k, rng, 0.05f);
+    const auto bias = random_bf16(s.n, rng, 0.5f);
+    dbuf<uint16_t> dx(x), dw(w), db(bias);
+    dbuf<uint16_t> dy16(uint64_t{s.m} * s.n);
+    dbuf<float> dy32(uint64_t{s.m} * s.n);
+    gemm_params g{dx.get(), ldx, dw.get(), s.bias ? db.get() : nullptr, s.fp32 ? static_cast<void*>(dy32.get()) : dy16.get(),
+                  s.n, s.m, s.n, s.k, s.fp32, s.swiglu};
+    ok(runner.run(g, nullptr, s.path));
+    gemm_params r = g;
+    r.x = x.data();
+    r.w = w.data();
+    r.bias = s.bias ? bias.data() : nullptr;
+    std::vector<uint16_t> y16(uint64_t{s.m} * s.n);
+    std::vector<float> y32(uint64_t{s.m} * s.n);
+    r.y = s.fp32 ? static_cast<void*>(y32.data()) : y16.data();
+    gemm_reference(r);
+    INFO("m " << s.m << " n " << s.n << " k " << s.k);
+    // Bound 1e-2 (bf16 output) / 1e-4 (fp32 output): fp32 sums in another order.
+    if (s.fp32) {
+      expect(compare_f32(dy32.download(), y32), 1e-4, "gemm fp32");
+    } else {
+      expect(compare_bf16(dy16.download(), y16), 1e-2, "gemm bf16");
+    }
+  }
+}
+
+namespace {
+
+struct paged_setup {
+  kv_pool_view kv;
+  std::vector<uint16_t> pool;
+  std::vector<int32_t> table;  // concatenated block tables
+  std::vector<int32_t> table_at;
+};
+
+// A pool of random K/V with each sequence's blocks scattered in random order.
+paged_setup make_pool(std::mt19937& rng, uint32_t kv_heads, uint32_t block_tokens, const std::vector<int>& lens) {
+  paged_setup s;
+  const uint32_t layers = 2;
+  uint32_t blocks = 0;
+  for (int len : lens) blocks += (static_cast<uint32_t>(len) + block_tokens - 1) / block_tokens;
+  s.kv = kv_pool_view{nullptr, kv_block_elems(layers, kv_heads, 128, block_tokens), layers, kv_heads, 128, block_tokens};
+  s.pool = random_bf16(s.kv.block_elems * blocks, rng, 1.0f);
+  std::vector<int32_t> order(blocks);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  uint32_t at = 0;
+  for (int len : lens) {
+    s.table_at.push_back(static_cast<int32_t>(s.table.size()));
+    for (uint32_t b = 0; b < (static_cast<uint32_t>(len) + block_tokens - 1) / block_tokens; ++b) s.table.push_back(order[at++]);
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("prefill_attention matches causal softmax attention over paged KV, GQA, chunks after earlier chunks") {
+  DUET_REQUIRE_GPU();
+  std::mt19937 rng(6);
+  struct shape {
+    uint32_t heads, kv_heads, block_tokens;
+  };
+  struct seq {
+    int start, rows;
+  };
+  std::vector<std::vector<seq>> batches = {{{0, 1}}, {{0, 77}, {100, 64}, {513, 200}, {3, 5}}, {{0, 300}}};
+  std::vector<shape> shapes = {{32, 8, 16}, {12, 2, 32}, {28, 4, 16}};
+  if (small_sweep()) {
+    batches = {{{0, 70}, {40, 9}}};
+    shapes = {{8, 2, 16}};
+  }
+  for (const shape& sh : shapes) {
+    for (const auto& batch : batches) {
+      std::vector<int> lens;
+      std::vector<int32_t> seq_rows{0}, seq_start;
+      uint32_t max_rows = 0;
+      for (const seq& s : batch) {
+        lens.push_back(s.start + s.rows);
+        seq_start.push_back(s.start);
+        seq_rows.push_back(seq_rows.back() + s.rows);
+        max_rows = std::max<uint32_t>(max_rows, static_cast<uint32_t>(s.rows));
+      }
+      paged_setup ps = make_pool(rng, sh.kv_heads, sh.block_tokens, lens);
+      const uint32_t rows = static_cast<uint32_t>(seq_rows.back());
+      const uint32_t q_stride = (sh.heads + 2 * sh.kv_heads) * 128;
+      const auto q = random_bf16(uint64_t{rows} * q_stride, rng, 1.0f);
+      dbuf<uint16_t> dq(q), dpool(ps.pool), dout(uint64_t{rows} * sh.heads * 128);
+      dbuf<int32_t> dtable(ps.table), drows(seq_rows), dstart(seq_start), dat(ps.table_at);
+      prefill_attention_params p;
+      p.q_stride = q_stride;
+      p.out_stride = sh.heads * 128;
+      p.kv = ps.kv;
+      p.layer = 1;
+      p.seqs = static_cast<uint32_t>(batch.size());
+      p.max_seq_rows = max_rows;
+      p.heads = sh.heads;
+      p.kv_heads = sh.kv_heads;
+      p.scale = 1.0f / std::sqrt(128.0f);
+      prefill_attention_params g = p;
+      g.q = dq.get();
+      g.out = dout.get();
+      g.kv.pool = dpool.get();
+      g.block_table = dtable.get();
+      g.seq_rows = drows.get();
+      g.seq_start = dstart.get();
+      g.seq_table = dat.get();
+      ok(prefill_attention(g, nullptr));
+      std::vector<uint16_t> ref(uint64_t{rows} * sh.heads * 128);
+      prefill_attention_params r = p;
+      r.q = q.data();
+      r.out = ref.data();
+      r.kv.pool = ps.pool.data();
+      r.block_table = ps.table.data();
+      r.seq_rows = seq_rows.data();
+      r.seq_start = seq_start.data();
+      r.seq_table = ps.table_at.data();
+      prefill_attention_reference(r);
+      INFO("heads " << sh.heads << "/" << sh.kv_heads << " block_tokens " << sh.block_tokens << " rows " << rows);
+      // Bound 1e-2: probabilities rounded to bf16 before P.V, fp32 accumulation (flash-attention numerics).
+      expect(compare_bf16(dout.download(), ref), 1e-2, "prefill attention");
+    }
+  }
+}
+
+TEST_CASE("decode_attention matches softmax attention over paged KV with and without split-K, and is deterministic") {
+  DUET_REQUIRE_GPU();
+  std::mt19937 rng(7);
+  struct shape {
+    uint32_t heads, kv_heads, block_tokens;
+  };
+  std::vector<int> lens = {1, 5, 64, 100, 1000, 3000};
+  std::vector<shape> shapes = {{32, 8, 16}, {12, 2, 32}, {28, 4, 16}};
+  std::vector<uint32_t> splits = {1, 16, 64};
+  if (small_sweep()) {
+    lens = {1, 70, 300};
+    shapes = {{8, 2, 16}};
+    splits = {1, 4};
+  }
+  for (const shape& sh : shapes) {
+    for (uint32_t max_splits : splits) {
+      paged_setup ps = make_pool(rng, sh.kv_heads, sh.block_tokens, lens);
+      const uint32_t batch = static_cast<uint32_t>(lens.size());
+      const uint32_t q_stride = (sh.heads + 2 * sh.kv_heads) * 128;
+      const auto q = random_bf16(uint64_t{batch} * q_stride, rng, 1.0f);
+      dbuf<uint16_t> dq(q), dpool(ps.pool), dout(uint64_t{batch} * sh.heads * 128);
+      dbuf<int32_t> dtable(ps.table), dat(ps.table_at), dlens(std::vector<int32_t>(lens.begin(), lens.end()));
+      dbuf<char> ws(decode_attention_workspace_bytes(batch, sh.heads, sh.kv_heads, max_splits));
+      check(cudaMemset(ws.get(), 0, ws.size()), "memset");
+      decode_attention_params p;
+      p.q_stride = q_stride;
+      p.out_stride = sh.heads * 128;
+      p.kv = ps.kv;
+      p.layer = 1;
+      p.batch = batch;
+      p.heads = sh.heads;
+      p.kv_heads = sh.kv_heads;
+      p.scale = 1.0f / std::sqrt(128.0f);
+      p.max_splits = max_splits;
+      p.split_min_keys = 64;
+      decode_attention_params g = p;
+      g.q = dq.get();
+      g.out = dout.get();
+      g.kv.pool = dpool.get();
+      g.block_table = dtable.get();
+      g.seq_table = dat.get();
+      g.seq_lens = dlens.get();
+      g.workspace = ws.get();
+      ok(decode_attention(g, nullptr));
+      const auto first = dout.download();
+      dout.poison();
+      ok(decode_attention(g, nullptr));  // the split counters must be back at zero
+      CHECK(dout.download() == first);
+      std::vector<uint16_t> ref(uint64_t{batch} * sh.heads * 128);
+      std::vector<int32_t> lens32(lens.begin(), lens.end());
+      decode_attention_params r = p;
+      r.q = q.data();
+      r.out = ref.data();
+      r.kv.pool = ps.pool.data();
+      r.block_table = ps.table.data();
+      r.seq_table = ps.table_at.data();
+      r.seq_lens = lens32.data();
+      decode_attention_reference(r);
+      INFO("heads " << sh.heads << "/" << sh.kv_heads << " block_tokens " << sh.block_tokens << " max_splits " << max_splits);
+      expect(compare_bf16(first, ref), 1e-2, "decode attention");  // bound as for prefill
+    }
+  }
+}
+
+TEST_CASE("sample_tokens: greedy, temperature with top-k/top-p/min-p, logprobs and top-N match the reference") {
+  DUET_REQUIRE_GPU();
+  std::mt19937 rng(8);
+  std::vector<uint32_t> vocabs = {1000, 128256};
+  if (small_sweep()) vocabs = {3000};
+  for (uint32_t vocab : vocabs) {
+    std::vector<sample_row> rows;
+    auto add = [&](float t, int k, float tp, float mp, uint32_t top) {
+      sample_row r;
+      r.temperature = t;
+      r.top_k = k;
+      r.top_p = tp;
+      r.min_p = mp;
+      r.top_logprobs = top;
+      r.uniform = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+      rows.push_back(r);
+    };
+    add(0, 0, 1, 0, 0);
+    add(0, 0, 1, 0, 5);  // greedy on a tie (set below)
+    for (int rep = 0; rep < 4; ++rep) {
+      add(1.0f, 0, 1, 0, 0);
+      add(0.7f, 50, 1, 0, 3);
+      add(1.0f, 0, 0.9f, 0, 0);
+      add(1.3f, 0, 1, 0.05f, 20);
+      add(0.8f, 40, 0.8f, 0.02f, 1);
+      add(1.0f, 1, 1, 0, 0);
+      add(1.0f, 0, 0.0f, 0, 0);
+    }
+    const uint32_t n = static_cast<uint32_t>(rows.size());
+    std::vector<float> logits(uint64_t{n} * vocab);
+    std::normal_distribution<float> d(0.0f, 3.0f);
+    for (auto& v : logits) v = d(rng);
+    logits[uint64_t{1} * vocab + 17] = 100.0f;  // row 1: a tie at the maximum, lowest id wins
+    logits[uint64_t{1} * vocab + 5] = 100.0f;
+    const uint32_t max_top = 20;
+    dbuf<float> dl(logits);
+    dbuf<sample_row> dr(rows);
+    dbuf<int32_t> dtok(n), dtop(uint64_t{n} * max_top);
+    dbuf<float> dlp(n), dtoplp(uint64_t{n} * max_top);
+    sample_params p;
+    p.ld = vocab;
+    p.rows = n;
+    p.vocab = vocab;
+    p.max_top = max_top;
+    sample_params g = p;
+    g.logits = dl.get();
+    g.requests = dr.get();
+    g.tokens = dtok.get();
+    g.logprobs = dlp.get();
+    g.top_ids = dtop.get();
+    g.top_logprobs = dtoplp.get();
+    ok(sample_tokens(g, nullptr));
+    std::vector<int32_t> tok(n), top(uint64_t{n} * max_top);
+    std::vector<float> lp(n), toplp(uint64_t{n} * max_top);
+    sample_params r = p;
+    r.logits = logits.data();
+    r.requests = rows.data();
+    r.tokens = tok.data();
+    r.logprobs = lp.data();
+    r.top_ids = top.data();
+    r.top_logprobs = toplp.data();
+    sample_tokens_reference(r);
+    const auto gtok = dtok.download();
+    const auto glp = dlp.download();
+    const auto gtop = dtop.download();
+    const auto gtoplp = dtoplp.download();
+    CHECK(gtok[1] == 5);
+    for (uint32_t i = 0; i < n; ++i) {
+      INFO("vocab " << vocab << " row " << i << " t " << rows[i].temperature << " k " << rows[i].top_k << " p "
+                    << rows[i].top_p << " min_p " << rows[i].min_p);
+      CHECK(gtok[i] == tok[i]);  // exact: same thresholds, same id-order draw
+      CHECK(std::abs(glp[i] - lp[i]) <= 1e-3f);
+      for (uint32_t j = 0; j < max_top; ++j) {
+        CHECK(gtop[uint64_t{i} * max_top + j] == top[uint64_t{i} * max_top + j]);
+        if (top[uint64_t{i} * max_top + j] >= 0) {
+          CHECK(std::abs(gtoplp[uint64_t{i} * max_top + j] - toplp[uint64_t{i} * max_top + j]) <= 1e-3f);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("launchers refuse bad shapes with a status instead of launching") {
+  DUET_REQUIRE_GPU();
+  rmsnorm_params p;
+  p.hidden = 7;
+  const kstatus s = add_rmsnorm(p, nullptr);
+  CHECK_FALSE(s.ok());
+  CHECK(s.message().find("hidden") != std::string::npos);
+  decode_attention_params a;
+  a.kv.head_dim = 64;
+  CHECK_FALSE(decode_attention(a, nullptr).ok());
+}
