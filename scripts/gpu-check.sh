@@ -17,7 +17,15 @@ STAGES=${GPU_CHECK_STAGES:-build,kernels,sanitize,engine,e2e,bench,peers,summary
 BUILD=${GPU_CHECK_BUILD:-build-gpu}
 CKPT=${GPU_CHECK_CKPT:-$BUILD/r1-distill-llama-8b-random}
 HFREF=$BUILD/hf-reference
+DEADLINE=${GPU_CHECK_DEADLINE:-0}  # seconds; > 0: stages that would not fit are skipped
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
+fits() {  # fits NAME SECONDS_NEEDED
+  if [ "$DEADLINE" -gt 0 ] && [ $((SECONDS + $2)) -gt "$DEADLINE" ]; then
+    echo "=== $1 skipped: ${SECONDS}s used, needs about $2 s of the ${DEADLINE}s deadline"
+    failed+=("$1(skipped)")
+    return 1
+  fi
+}
 failed=()
 stage() { echo; echo "=== $1 ($(date +%T))"; }
 run() {  # run NAME TIMEOUT CMD...: records a failure, never stops the script
@@ -52,7 +60,7 @@ if has kernels; then
   stage "kernel tests"
   run kernels 300 "$BUILD/tests/test_cuda_kernels" -d
 fi
-if has sanitize; then
+if has sanitize && fits sanitize 200; then
   stage "compute-sanitizer (small sweeps)"
   export DUET_CUDA_TEST_SMALL=1
   run memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 "$BUILD/tests/test_cuda_kernels"
@@ -64,20 +72,20 @@ if has engine; then
   stage "engine tests"
   run engine 300 "$BUILD/tests/test_cuda_engine" -d
 fi
-if has e2e; then
+if has e2e && fits e2e 150; then
   stage "end to end against Hugging Face transformers"
   if [ -n "$writer" ]; then wait "$writer"; fi
   cat "$BUILD/ckpt.log" 2>/dev/null
   run hf-reference 400 python3 tests/cuda_hf_reference.py "$CKPT" "$HFREF" --steps 64
   run e2e 300 "$BUILD/tests/cuda_e2e" compare "$CKPT" "$HFREF" "$OUT/e2e.json"
 fi
-if has bench; then
+if has bench && fits bench 150; then
   stage benchmark
   if [ -n "$writer" ]; then wait "$writer"; fi
   [ -f "$CKPT/config.json" ] || run checkpoint 300 "$BUILD/tests/cuda_e2e" write "$CKPT"
   run bench 400 "$BUILD/bench/bench_cuda_engine" "$CKPT" "$OUT/bench.json" ${GPU_CHECK_BENCH_ARGS:-}
 fi
-if has peers; then
+if has peers && fits peers 200; then
   stage "PyTorch peers (shared/peers, same machine, same call)"
   if [ -d .peers ]; then
     root=$PWD
