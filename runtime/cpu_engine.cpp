@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numbers>
+#include <string_view>
 #include <stdexcept>
 
 #if defined(__x86_64__)
@@ -169,13 +171,17 @@ __attribute__((target("avx2,fma"))) void weighted_sum_avx2(float* out, const flo
 
 const kernel_table& kernels() {
   static const kernel_table table = [] {
+    // DUET_CPU_KERNELS=generic forces the portable kernels (tests run both paths).
+    const char* forced = std::getenv("DUET_CPU_KERNELS");
+    const bool generic_only = forced && std::string_view(forced) == "generic";
 #ifdef DUET_CPU_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    if (!generic_only && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
       return kernel_table{tile_avx2<2, 4>, tile_avx2<1, 4>, tile_avx2<2, 1>, tile_avx2<1, 1>,
                           scores_avx2,     weighted_sum_avx2, "avx2+fma"};
     }
 #endif
+    (void)generic_only;
     return kernel_table{tile_generic<2, 4>, tile_generic<1, 4>, tile_generic<2, 1>, tile_generic<1, 1>,
                         scores_generic,     weighted_sum_generic, "generic"};
   }();

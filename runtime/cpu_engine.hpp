@@ -152,7 +152,8 @@ class cpu_engine final : public engine {
   [[nodiscard]] const kv_block_layout& kv_layout() const { return layout_; }
   [[nodiscard]] const rope_table& rope() const { return rope_; }
   [[nodiscard]] unsigned threads() const { return pool_.size(); }
-  /// "avx2+fma" or "generic": the matrix kernels chosen for this CPU.
+  /// "avx2+fma" or "generic": the kernels chosen for this CPU, once per process
+  /// (DUET_CPU_KERNELS=generic forces the portable ones).
   [[nodiscard]] static const char* kernel_name();
 
  private:
