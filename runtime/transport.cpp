@@ -92,16 +92,20 @@ bool transport::send(outgoing message) {
     deliver_local(std::move(message.frames));
     return true;
   }
-  {
-    std::lock_guard lock(mutex_);
-    if (queue_.size() >= settings_.queue_limit) {
-      ++counters_.dropped_queue_full;
-      return false;
-    }
-    queue_.push_back(std::move(message));
+  std::lock_guard lock(mutex_);
+  if (queue_.size() >= settings_.queue_limit) {
+    ++counters_.dropped_queue_full;
+    return false;
   }
-  const uint64_t one = 1;
-  [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof one);
+  // Only the message that makes the queue non-empty wakes the thread, which then drains the
+  // whole queue: no syscall per message under load. The write stays inside the lock, so no
+  // later sender can see the queue non-empty before its wake-up is on its way.
+  const bool wake = queue_.empty();
+  queue_.push_back(std::move(message));
+  if (wake) {
+    const uint64_t one = 1;
+    [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof one);
+  }
   return true;
 }
 
@@ -154,8 +158,9 @@ void transport::run() {
 
 void transport::receive(zmq::socket_t& router) {
   // Bounded batch so a flood on the socket cannot starve outbound traffic.
+  std::vector<zmq::message_t> parts;  // reused: one allocation per batch, not per message
   for (int i = 0; i < 256; ++i) {
-    std::vector<zmq::message_t> parts;
+    parts.clear();
     auto got = zmq::recv_multipart(router, std::back_inserter(parts), zmq::recv_flags::dontwait);
     if (!got) return;
     ++counters_.received;
@@ -260,6 +265,7 @@ void transport::drain_outbound(zmq::socket_t& router) {
 void transport::route(zmq::socket_t& router, outgoing& message) {
   const std::string node = message.dst.substr(0, message.dst.find('/'));
   std::vector<zmq::const_buffer> parts;
+  parts.reserve(message.frames.size() + 1);
   try {
     if (auto peer = settings_.peers.find(node); peer != settings_.peers.end()) {
       for (const auto& f : message.frames) parts.emplace_back(f.data(), f.size());
