@@ -9,12 +9,14 @@
 #include <array>
 #include <bit>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
 #include <system_error>
+#include <utility>
 
 namespace duet {
 
