@@ -13,6 +13,7 @@ What it writes:
 
   <name>.jinja    the template sources, byte for byte as the models publish them (README.md
                   beside them gives each one's source and licence)
+  language.json   short templates, one per language feature, with what Jinja renders
   fixtures.json   for each template and conversation: the messages, tools, flags, the special
                   tokens the tokenizer passes, and either the text that
                   `tokenizer.apply_chat_template(..., tokenize=False)` renders or the message of
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -376,6 +378,207 @@ PER_TEMPLATE_EXTRA = {
 }
 
 
+# Language cases: (a sentence naming the behaviour, template, context). Expected texts come
+# from transformers' Jinja environment. Tuples are left out of printed results: the C++
+# renderer holds them as lists (docs/chat-templates.md).
+LANGUAGE_CASES = [
+    ("trim_blocks drops the newline after a block tag and lstrip_blocks the indent before it",
+     "{% if true %}\n  yes\n{% endif %}\nafter", {}),
+    ("minus signs strip all whitespace on their side of a tag",
+     "a  {%- if true -%}  b  {%- endif -%}  c", {}),
+    ("lstrip_blocks strips only the indentation of a line that starts with a block tag",
+     "line\n    {% if true %}x{% endif %}\n", {}),
+    ("print tags are never lstripped and keep the newline after them",
+     "  {{ 'v' }}  \n  {% set x = 1 %}\nz", {}),
+    ("comments are dropped and take part in whitespace control",
+     "a\n  {#- comment -#}  \nb {# c #}\nd", {}),
+    ("plus signs turn lstrip_blocks and trim_blocks off for one tag",
+     "  {%+ if true %}k{% endif +%}\nm", {}),
+    ("CRLF becomes LF and one trailing newline is dropped", "x\r\ny\r\n", {}),
+    ("raw blocks are not parsed", "{% raw %}{{ not parsed }}{% endraw %}", {}),
+    ("a for loop provides loop.index, index0, length, first, last and revindex",
+     "{% for m in ms %}{{ loop.index }}/{{ loop.index0 }}/{{ loop.length }}/{{ loop.first }}/"
+     "{{ loop.last }}/{{ loop.revindex }} {% endfor %}", {"ms": ["a", "b", "c"]}),
+    ("a loop filter skips items before loop counts them",
+     "{% for m in ms if m != 'b' %}{{ m }}{{ loop.index }}{{ ',' if not loop.last }}{% endfor %}",
+     {"ms": ["a", "b", "c"]}),
+    ("the else branch of a for loop runs when nothing was iterated",
+     "{% for m in [] %}x{% else %}empty{% endfor %}", {}),
+    ("for loops unpack pairs and iterate dict keys in order",
+     "{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}|{% for k, v in d|items %}{{ k }}"
+     "{% endfor %}|{% for k in d %}{{ k }}{% endfor %}", {"d": {"z": 1, "a": [1, 2]}}),
+    ("break and continue control the innermost loop",
+     "{% for i in range(10) %}{% if i == 2 %}{% continue %}{% endif %}{% if i == 5 %}"
+     "{% break %}{% endif %}{{ i }}{% endfor %}", {}),
+    ("a set inside a loop does not outlive its iteration",
+     "{% set x = 'outer' %}{% for i in [1, 2] %}{{ x }}{% set x = i %}{{ x }}{% endfor %}|{{ x }}",
+     {}),
+    ("namespace attributes carry values out of loops",
+     "{% set ns = namespace(n=0, s='') %}{% for i in [1, 2, 3] %}{% set ns.n = ns.n + i %}"
+     "{% set ns.s = ns.s ~ i %}{% endfor %}{{ ns.n }} {{ ns.s }}", {}),
+    ("nested loops each have their own loop variable",
+     "{% for a in [1, 2] %}{% for b in 'xy' %}{{ loop.index }}{{ b }}{% endfor %}"
+     "{{ loop.index }}{% endfor %}", {}),
+    ("loop.previtem, loop.nextitem and loop.cycle",
+     "{% for x in xs %}{{ loop.previtem | default('-') }}{{ x }}{{ loop.nextitem | default('-') }}"
+     " {{ loop.cycle('o', 'e') }};{% endfor %}", {"xs": [1, 2, 3]}),
+    ("if, elif and else pick the first true branch",
+     "{% if n > 2 %}big{% elif n > 1 %}mid{% else %}small{% endif %}", {"n": 2}),
+    ("set unpacks, and block sets capture output through filters",
+     "{% set a, b = [1, 2] %}{{ b }}{{ a }}{% set c %}block {{ a }}{% endset %}[{{ c }}]"
+     "{% set d | upper %}up{% endset %}{{ d }}", {}),
+    ("macros take positional, keyword and default arguments",
+     "{% macro greet(name, punct='!') %}Hi {{ name }}{{ punct }}{% endmacro %}{{ greet('A') }} "
+     "{{ greet('B', '?') }} {{ greet(name='C', punct='.') }}", {}),
+    ("string literals decode Python escapes and adjacent literals join",
+     r"{{ 'a\tb\n\'q\' \\ \u00e9 \x41 \101' }}|{{ " + '"dq"' + r" 'adj' }}", {}),
+    ("numbers, booleans, none, lists and dicts print as Python prints them",
+     "{{ 42 }}|{{ 1_000 }}|{{ 0x1F }}|{{ 2.5 }}|{{ 1e3 }}|{{ true }}|{{ none }}|"
+     "{{ [1, 'two', none, true, 1.5] }}|{{ {'k': 'v', 'n': {'x': 1}} }}", {}),
+    ("items and attributes are read with [] and dot, missing ones are empty",
+     "{{ m['role'] }} {{ m.role }} [{{ m.missing }}] {{ xs[0] }} {{ xs[-1] }} [{{ xs[10] }}]",
+     {"m": {"role": "user"}, "xs": [1, 2, 3]}),
+    ("slices follow Python on lists and on characters of strings",
+     "{{ xs[1:] }} {{ xs[::-1] }} {{ xs[:-1] }} {{ 'hello'[1:3] }} {{ 'héllo'[::-2] }} "
+     "{{ 'héllo'[1] }} {{ xs[5:] }} {{ xs[-2::-1] }}", {"xs": [1, 2, 3]}),
+    ("arithmetic follows Python: true division, floor division, modulo and powers",
+     "{{ 7 / 2 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 7 % -3 }} {{ 2 ** 10 }} {{ 2 ** -1 }} "
+     "{{ 1 + 2 * 3 }} {{ (1 + 2) * 3 }} {{ 7.5 // 2 }} {{ 0.1 + 0.2 }} {{ 10 / 5 }} {{ -3 }} "
+     "{{ 1e16 }} {{ 1e-5 }} {{ 123456789.125 }} {{ -2.5 % 2 }}", {}),
+    ("plus concatenates strings and lists, tilde converts to strings first",
+     "{{ 'a' + 'b' }} {{ 'a' ~ 1 ~ none ~ true }} {{ [1] + [2] }} {{ 'ab' * 3 }} {{ 3 * [0] }} "
+     "{{ true + 1 }}", {}),
+    ("comparisons chain and compare numbers across int, float and bool",
+     "{{ 1 == 1.0 }} {{ 1 < 2 < 3 }} {{ 3 > 2 > 2 }} {{ 'a' < 'b' }} {{ [1, 2] == [1, 2] }} "
+     "{{ 'ell' in 'hello' }} {{ 2 in [1, 2] }} {{ 'k' in {'k': 1} }} {{ 3 not in [1, 2] }} "
+     "{{ none == none }} {{ true == 1 }} {{ '1' == 1 }} {{ [1, 2] < [1, 3] }}", {}),
+    ("and, or and the inline if return operands",
+     "{{ 0 or 'x' }} {{ 'a' and 'b' }} [{{ '' and 'b' }}] {{ not [] }} "
+     "{{ 'y' if 1 > 2 else 'n' }} [{{ 'y' if false }}] {{ none or [] }}", {}),
+    ("tests check definedness and types",
+     "{{ x is defined }} {{ y is defined }} {{ y is undefined }} {{ n is none }} "
+     "{{ n is not none }} {{ x is string }} {{ d is mapping }} {{ xs is iterable }} "
+     "{{ x is iterable }} {{ 1 is iterable }} {{ y is iterable }} {{ d is sequence }} "
+     "{{ range is callable }}",
+     {"x": "s", "n": None, "d": {"a": 1}, "xs": [1]}),
+    ("tests of numbers and values",
+     "{{ 3 is odd }} {{ 4 is even }} {{ 9 is divisibleby 3 }} {{ 1 is number }} "
+     "{{ true is number }} {{ true is integer }} {{ 1.5 is float }} {{ true is boolean }} "
+     "{{ false is false }} {{ 1 is true }} {{ 'a' is equalto 'a' }} {{ 2 is gt 1 }} "
+     "{{ 'a' is in 'abc' }} {{ 'x' is lower }} {{ 'X' is upper }} {{ none is sameas none }}", {}),
+    ("string filters",
+     "[{{ '  pad  ' | trim }}] [{{ 'xxaxx' | trim('x') }}] {{ 'Hello' | upper }} "
+     "{{ 'Hello' | lower }} {{ 'hello world' | capitalize }} {{ 'hello-world foo' | title }} "
+     "{{ 'aXbX' | replace('X', '.') }} {{ 'aaa' | replace('a', 'b', 2) }} {{ 5 | string }} "
+     "{{ '<b>' | safe }} {{ '<&>' | escape }}", {}),
+    ("length, first, last, join and default",
+     "{{ 'abc' | length }} {{ [1, 2] | length }} {{ {'a': 1} | count }} {{ y | length }} "
+     "{{ [3, 1, 2] | first }} {{ [3, 1, 2] | last }} {{ 'xyz' | first }} "
+     "{{ [1, 2, 3] | join('-') }} {{ ['a', 'b'] | join }} {{ y | default('dflt') }} "
+     "{{ '' | default('e', true) }} {{ none | default('n') }}", {}),
+    ("conversions: list, int, float, string, reverse, abs and round",
+     "{{ 'ab' | list }} {{ '42' | int }} {{ '4.7' | int }} {{ 'x' | int(7) }} {{ 3.9 | int }} "
+     "{{ '2.5' | float }} {{ [1, 2] | string }} {{ [1, 2, 3] | reverse | list }} "
+     "{{ 'abc' | reverse }} {{ -3 | abs }} {{ 2.567 | round(2) }} {{ 2.5 | round }} "
+     "{{ 2.1 | round(0, 'ceil') }}", {}),
+    ("selectattr, rejectattr, select, reject and map",
+     "{{ users | selectattr('active') | map(attribute='name') | join(',') }} "
+     "{{ users | rejectattr('active') | map(attribute='name') | list }} "
+     "{{ users | selectattr('age', 'gt', 30) | map(attribute='name') | first }} "
+     "{{ [1, 2, 3, 4] | select('odd') | list }} {{ [1, 2, 3, 4] | reject('odd') | list }} "
+     "{{ ['a', 'B'] | map('upper') | list }} {{ users | map(attribute='age') | sum }} "
+     "{{ users | map(attribute='nick', default='?') | list }} "
+     "{{ users | selectattr('name', 'equalto', 'bob') | list | length }}",
+     {"users": [{"name": "ann", "active": True, "age": 31},
+                {"name": "bob", "active": False, "age": 25},
+                {"name": "cy", "active": True, "age": 40}]}),
+    ("sort, unique, min and max",
+     "{{ [3, 1, 2] | sort | list }} {{ ['b', 'A', 'c'] | sort | list }} "
+     "{{ [3, 1, 2] | sort(reverse=true) | list }} {{ [1, 2, 1, 3] | unique | list }} "
+     "{{ [4, 2, 9] | min }} {{ [4, 2, 9] | max }} "
+     "{{ users | sort(attribute='age') | map(attribute='name') | list }}",
+     {"users": [{"name": "ann", "age": 31}, {"name": "bob", "age": 25}]}),
+    ("tojson keeps non-ASCII text and key order, with indent, separators and sort_keys",
+     "{{ obj | tojson }}|{{ obj | tojson(indent=2) }}|{{ obj | tojson(ensure_ascii=true) }}|"
+     "{{ obj | tojson(separators=(',', ':')) }}|{{ obj | tojson(sort_keys=true) }}|"
+     "{{ [] | tojson(indent=2) }}|{{ 'x\"\\\\\\n\\u0001' | tojson }}|{{ 'a' | tojson(indent='\\t') }}",
+     {"obj": {"z": "é\u2028😀", "a": [1, 2.5, None, True, {}], "n": 1e100, "i": -7}}),
+    ("indent and wordcount",
+     "{{ 'line1\\nline2\\n\\nline4' | indent(2) }}|{{ 'a\\nb' | indent(first=true) }}|"
+     "{{ 'a\\n\\nb' | indent(2, blank=true) }}|{{ 'one two  three' | wordcount }}", {}),
+    ("string methods strip, split, startswith, replace and friends",
+     "[{{ '  s  '.strip() }}] [{{ 'xxsxx'.strip('x') }}] [{{ '\\n\\ns\\n'.lstrip('\\n') }}] "
+     "[{{ 's  '.rstrip() }}] {{ 'a,b,,c'.split(',') }} {{ ' a  b '.split() }} "
+     "{{ 'a b c'.split(' ', 1) }} {{ 'a,b,c'.rsplit(',', 1) }} {{ 'abc'.startswith('ab') }} "
+     "{{ 'abc'.endswith(('x', 'c')) }} {{ 'aXa'.replace('a', 'b') }} {{ 'aB'.upper() }} "
+     "{{ 'aB'.lower() }} {{ 'hello world'.title() }} {{ 'hello'.capitalize() }} "
+     "{{ 'hello'.find('l') }} {{ 'hello'.count('l') }} {{ '-'.join(['a', 'b']) }} "
+     "{{ '12'.isdigit() }} {{ 'Hi {} and {name}'.format('x', name='y') }} "
+     "{{ ' a b '.split(none, 1) }} {{ ' a b '.rsplit(none, 1) }} {{ 'a  '.split(none, 1) }}",
+     {}),
+    ("dict and list methods",
+     "{{ d.get('a') }} {{ d.get('zz') }} {{ d.get('zz', 5) }} {{ d.keys() | list }} "
+     "{{ d.values() | list }} {{ [1, 2, 1].count(1) }} {{ [5, 6].index(6) }} "
+     "{% for k, v in d.items() %}{{ k }}{{ v }}{% endfor %}", {"d": {"a": 1, "b": 2}}),
+    ("unicode text is measured, indexed, cased and split by characters",
+     "{{ s | length }} {{ s | upper }} {{ s[0] }} {{ s[-1] }} {{ s.split('ü') }} {{ [s] }} "
+     "{{ 'Straße' | lower }} {{ 'ÉCOLE' | lower }} {{ 'ÿ' | upper }}", {"s": "Grüße 🌍"}),
+    ("strings inside lists print with Python's repr quoting and escapes",
+     r"{{ ['it\'s', 'say " + '"hi"' + r"', 'both \' " + '"' + r"', 'tab\t', 'nl\n', '\x00', 'é', '\u00a0', '\u2028', '\\'] }}",
+     {}),
+    ("range, dict and namespace globals",
+     "{{ range(3) | list }} {{ range(1, 7, 2) | list }} {{ range(3, 0, -1) | list }} "
+     "{{ dict(a=1, b='x') }} {{ namespace(a=1).a }} {{ namespace({'b': 2}, c=3).b }}", {}),
+    ("the generation tag renders its body", "{% generation %}gen{% endgeneration %}", {}),
+    ("filter blocks filter their output", "{% filter upper %}shout {{ 'it' }}{% endfilter %}",
+     {}),
+    ("context values of every JSON type print as Python would",
+     "{{ i }} {{ f }} {{ b }} {{ n }} {{ s }} {{ l }} {{ o }} {{ big }}",
+     {"i": 3, "f": 0.5, "b": False, "n": None, "s": "t", "l": [1, "x"], "o": {"k": [None]},
+      "big": 12345678901234567}),
+]
+
+
+def language_fixtures():
+    out = []
+    for name, template, context in LANGUAGE_CASES:
+        try:
+            rendered = ctu._compile_jinja_template(template).render(**copy.deepcopy(context))
+        except jinja2.exceptions.TemplateError as exc:
+            sys.exit(f"language case {name!r} failed in Jinja: {exc}")
+        out.append({"name": name, "template": template, "context": context,
+                    "expected": rendered})
+    return out
+
+
+# Seeded random conversations over awkward contents, to catch what the named cases miss.
+RANDOM_SEED = 20250207
+RANDOM_PER_TEMPLATE = 8
+RANDOM_CONTENTS = [
+    "", " ", "\n", "plain words", "  padded  ", "\n\nleading newlines", "trailing newlines\n\n",
+    "tabs\tand\r\ncarriage returns", "quotes ' \" and backslashes \\ \\n", "{{ braces }} {% tags %}",
+    "<think>\nhidden thoughts\n</think>\n\nvisible answer", "<think>unclosed thinking",
+    "only </think> closing", "<tool_response>\nresult\n</tool_response>", "Ünïcödé — 漢字 — 😀👍🏽",
+    "\u00a0non-breaking\u00a0spaces\u2028line separator", "emoji at end 🎉", "x" * 300,
+]
+
+
+def random_conversations(rng):
+    cases = []
+    for k in range(RANDOM_PER_TEMPLATE):
+        messages = []
+        if rng.random() < 0.5:
+            messages.append(sys_msg(rng.choice(RANDOM_CONTENTS)))
+        for turn in range(rng.randint(1, 4)):
+            messages.append(user(rng.choice(RANDOM_CONTENTS)))
+            if turn < 3 and rng.random() < 0.8:
+                messages.append(assistant(rng.choice(RANDOM_CONTENTS)))
+        if rng.random() < 0.3 and messages[-1]["role"] == "assistant":
+            messages.pop()
+        cases.append((f"random_{k}", messages, {"add_generation_prompt": rng.random() < 0.6}))
+    return cases
+
+
 def render_fixture(template_name, template, tokenizer, case_name, messages, flags):
     flags = dict(flags)
     add_generation_prompt = flags.pop("add_generation_prompt")
@@ -435,8 +638,10 @@ def main() -> None:
         (args.out / f"{name}.jinja").write_bytes(text.encode("utf-8"))
 
     fixtures = []
+    rng = random.Random(RANDOM_SEED)
     for name, text in templates.items():
-        for case_name, messages, flags in COMMON_CONVERSATIONS + PER_TEMPLATE_EXTRA.get(name, []):
+        cases = COMMON_CONVERSATIONS + PER_TEMPLATE_EXTRA.get(name, []) + random_conversations(rng)
+        for case_name, messages, flags in cases:
             fixtures.append(render_fixture(name, text, toks[name], case_name, messages, flags))
 
     doc = {
@@ -449,9 +654,17 @@ def main() -> None:
     with open(args.out / "fixtures.json", "w", encoding="utf-8") as f:
         json.dump(doc, f, ensure_ascii=False, indent=1)
         f.write("\n")
+    language = {
+        "generator": "tests/tools/make_template_fixtures.py",
+        "versions": versions,
+        "cases": language_fixtures(),
+    }
+    with open(args.out / "language.json", "w", encoding="utf-8") as f:
+        json.dump(language, f, ensure_ascii=False, indent=1)
+        f.write("\n")
     errors = sum("error" in f for f in fixtures)
-    print(f"{len(fixtures)} fixtures ({errors} raising) for {len(templates)} templates "
-          f"in {args.out}")
+    print(f"{len(fixtures)} fixtures ({errors} raising) for {len(templates)} templates, "
+          f"{len(language['cases'])} language cases in {args.out}")
 
 
 if __name__ == "__main__":
