@@ -125,20 +125,39 @@ std::unique_ptr<client> connect_client(const std::string& endpoint, const std::s
 
 // ------------------------------------------------------------------ bridge
 
+/// Whoever waits for a request's events (a connection); called on its shard's strand.
+class upstream_receiver {
+ public:
+  virtual ~upstream_receiver() = default;
+  virtual void on_upstream(uint64_t id, std::vector<client_event>&& events, steady::time_point at) = 0;
+};
+
+/// One request's events of one bridge round, on the way to its receiver.
+struct delivery {
+  std::shared_ptr<upstream_receiver> to;
+  uint64_t id = 0;
+  std::vector<client_event> events;
+  steady::time_point at;
+};
+
 /// Owns the cluster client on its own thread. Connections submit and cancel through a
-/// queue; each request's events go to its sink, called on the bridge thread (a sink only
-/// posts them on). Every request leaves the bridge: by its final answer from the cluster,
-/// or by the front end's own timeout (a synthetic timeout finish, and a cancel).
+/// queue. Each round's events are grouped per request and handed over per shard (one post
+/// per shard per round, not one per request: a decode step reaches every stream at once).
+/// Every request leaves the bridge: by its final answer from the cluster, or by the front
+/// end's own timeout (a synthetic timeout finish, and a cancel).
 class bridge {
  public:
-  using sink = std::function<void(std::vector<client_event>&&, steady::time_point)>;
+  /// Called on the bridge thread with one shard's deliveries; it posts them to the shard.
+  using deliver_fn = std::function<void(uint32_t shard, std::vector<delivery>&&)>;
 
   bridge(std::string endpoint, std::string router, std::chrono::milliseconds request_timeout,
-         frontend_metrics& metrics)
+         frontend_metrics& metrics, uint32_t shards, deliver_fn deliver)
       : endpoint_(std::move(endpoint)),
         router_(std::move(router)),
         request_timeout_(request_timeout),
-        metrics_(metrics) {}
+        metrics_(metrics),
+        deliver_(std::move(deliver)),
+        batches_(std::max<uint32_t>(1, shards)) {}
   ~bridge() { stop(); }
 
   void start() {
@@ -161,20 +180,22 @@ class bridge {
 
   [[nodiscard]] uint64_t next_id() { return next_id_.fetch_add(1); }
 
-  void submit(msg::submit s, sink k) {
-    push(command{command::kind::submit, std::move(s), std::move(k), 0});
+  void submit(msg::submit s, std::shared_ptr<upstream_receiver> to, uint32_t shard) {
+    push(command{command::kind::submit, std::move(s), std::move(to), shard, 0});
   }
-  void cancel(uint64_t id) { push(command{command::kind::cancel, {}, {}, id}); }
+  void cancel(uint64_t id) { push(command{command::kind::cancel, {}, {}, 0, id}); }
 
  private:
   struct command {
     enum class kind : uint8_t { submit, cancel } what;
     msg::submit request;
-    sink target;
+    std::shared_ptr<upstream_receiver> to;
+    uint32_t shard = 0;
     uint64_t id = 0;
   };
   struct entry {
-    sink target;
+    std::shared_ptr<upstream_receiver> to;
+    uint32_t shard = 0;
     steady::time_point since;
     bool cancelled = false;
     steady::time_point cancelled_at{};
@@ -187,6 +208,17 @@ class bridge {
       commands_.push_back(std::move(c));
     }
     cv_.notify_one();
+  }
+
+  void queue(uint32_t shard, const std::shared_ptr<upstream_receiver>& to, uint64_t id,
+             std::vector<client_event>&& events, steady::time_point at) {
+    batches_[shard % batches_.size()].push_back(delivery{to, id, std::move(events), at});
+  }
+
+  void hand_over() {
+    for (uint32_t shard = 0; shard < batches_.size(); ++shard) {
+      if (!batches_[shard].empty()) deliver_(shard, std::exchange(batches_[shard], {}));
+    }
   }
 
   void erase(std::unordered_map<uint64_t, entry>& live, uint64_t id) {
@@ -228,10 +260,10 @@ class bridge {
             e.rejection = msg::rejected{id, msg::error_code::unavailable, "the router is unreachable", 1000};
             std::vector<client_event> one;
             one.push_back(std::move(e));
-            cmd.target(std::move(one), now);
+            queue(cmd.shard, cmd.to, id, std::move(one), now);
             continue;
           }
-          live.emplace(id, entry{std::move(cmd.target), now});
+          live.emplace(id, entry{std::move(cmd.to), cmd.shard, now});
           ++metrics_.upstream_in_flight;
         } else if (auto it = live.find(cmd.id); it != live.end() && !it->second.cancelled) {
           c.cancel(cmd.id);
@@ -258,7 +290,7 @@ class bridge {
           if (auto it = live.find(id); it != live.end()) {
             std::vector<client_event> mine(std::make_move_iterator(events.begin() + static_cast<std::ptrdiff_t>(i)),
                                            std::make_move_iterator(events.begin() + static_cast<std::ptrdiff_t>(j)));
-            if (!it->second.cancelled) it->second.target(std::move(mine), now);
+            if (!it->second.cancelled) queue(it->second.shard, it->second.to, id, std::move(mine), now);
             if (final) erase(live, id);
           }
           i = j;
@@ -279,11 +311,12 @@ class bridge {
             std::vector<client_event> one;
             one.push_back(synthetic_finish(id, msg::finish_reason::timeout, msg::error_code::timeout,
                                            "no final answer from the cluster within the request timeout"));
-            e.target(std::move(one), now);
+            queue(e.shard, e.to, id, std::move(one), now);
           }
           erase(live, id);
         }
       }
+      hand_over();
     }
     for (auto& [id, e] : live) c.cancel(id);
     metrics_.upstream_in_flight -= static_cast<int64_t>(live.size());
@@ -294,6 +327,8 @@ class bridge {
   std::string router_;
   std::chrono::milliseconds request_timeout_;
   frontend_metrics& metrics_;
+  deliver_fn deliver_;
+  std::vector<std::vector<delivery>> batches_;  // per shard, this round
   std::unique_ptr<client> client_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -415,6 +450,10 @@ struct http_frontend::impl {
   std::shared_ptr<frontend_metrics> metrics = std::make_shared<frontend_metrics>();
   cluster_view view;
   std::unique_ptr<net::io_context> ioc;
+  /// One strand per io thread; connections are dealt out round-robin. A connection's
+  /// handlers and its request's events all run on its shard.
+  std::vector<net::strand<net::io_context::executor_type>> shards;
+  uint32_t next_shard = 0;
   std::unique_ptr<bridge> link;
   std::unique_ptr<stats_poller> poller;
   std::unique_ptr<tcp::acceptor> acceptor;
@@ -466,10 +505,10 @@ struct generation {
 
 /// One HTTP connection. Every handler runs on the connection's strand (the bridge's
 /// deliveries are posted there too), so its state needs no lock.
-class session : public std::enable_shared_from_this<session> {
+class session final : public upstream_receiver, public std::enable_shared_from_this<session> {
  public:
-  session(tcp::socket&& socket, http_frontend::impl& owner)
-      : stream_(std::move(socket)), owner_(owner), metrics_(owner.metrics) {
+  session(tcp::socket&& socket, http_frontend::impl& owner, uint32_t shard)
+      : stream_(std::move(socket)), owner_(owner), metrics_(owner.metrics), shard_(shard) {
     ++metrics_->connections_open;
     ++metrics_->connections_total;
   }
@@ -682,17 +721,11 @@ class session : public std::enable_shared_from_this<session> {
     if (kind == api_kind::chat && reasoning == reasoning_format::split) g->splitter.emplace(starts_in_think);
     gen_ = std::move(g);
     ++metrics_->http_in_flight;
-    const uint64_t id = gen_->id;
-    owner_.link->submit(std::move(s), [self = shared_from_this(), id](std::vector<client_event>&& events,
-                                                                       steady::time_point at) {
-      net::post(self->stream_.get_executor(), [self, id, events = std::move(events), at]() mutable {
-        self->on_upstream(id, std::move(events), at);
-      });
-    });
+    owner_.link->submit(std::move(s), shared_from_this(), shard_);
     watch_disconnect();
   }
 
-  void on_upstream(uint64_t id, std::vector<client_event>&& events, steady::time_point at) {
+  void on_upstream(uint64_t id, std::vector<client_event>&& events, steady::time_point at) override {
     if (!gen_ || gen_->id != id) return;  // answered already (stop string, disconnect)
     for (auto& e : events) {
       if (!gen_ || gen_->id != id) return;
@@ -1028,6 +1061,7 @@ class session : public std::enable_shared_from_this<session> {
   beast::tcp_stream stream_;
   http_frontend::impl& owner_;
   std::shared_ptr<frontend_metrics> metrics_;  // outlives the owner's teardown of sessions
+  uint32_t shard_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   bool first_request_ = true;
@@ -1049,7 +1083,8 @@ class session : public std::enable_shared_from_this<session> {
 }  // namespace
 
 void http_frontend::impl::accept() {
-  acceptor->async_accept(net::make_strand(*ioc), [this](beast::error_code ec, tcp::socket socket) {
+  const uint32_t shard = next_shard;
+  acceptor->async_accept(shards[shard], [this, shard](beast::error_code ec, tcp::socket socket) {
     if (ec == net::error::operation_aborted || !acceptor->is_open()) return;
     if (ec) {
       // Out of descriptors (EMFILE) or similar: back off instead of spinning.
@@ -1066,7 +1101,8 @@ void http_frontend::impl::accept() {
     } else {
       beast::error_code ignored;
       socket.set_option(tcp::no_delay(true), ignored);
-      std::make_shared<session>(std::move(socket), *this)->start();
+      std::make_shared<session>(std::move(socket), *this, shard)->start();
+      next_shard = (next_shard + 1) % static_cast<uint32_t>(shards.size());
     }
     accept();
   });
@@ -1199,8 +1235,14 @@ void http_frontend::start() {
   check("listen on");
   m.bound_port = m.acceptor->local_endpoint().port();
   m.accept_retry = std::make_unique<net::steady_timer>(m.acceptor->get_executor());
-  m.link = std::make_unique<bridge>(m.settings.router_endpoint, m.settings.router_address, m.settings.request_timeout,
-                                    *m.metrics);
+  for (uint32_t i = 0; i < m.settings.io_threads; ++i) m.shards.push_back(net::make_strand(*m.ioc));
+  m.link = std::make_unique<bridge>(
+      m.settings.router_endpoint, m.settings.router_address, m.settings.request_timeout, *m.metrics,
+      m.settings.io_threads, [&m](uint32_t shard, std::vector<delivery>&& batch) {
+        net::post(m.shards[shard], [batch = std::move(batch)]() mutable {
+          for (auto& d : batch) d.to->on_upstream(d.id, std::move(d.events), d.at);
+        });
+      });
   m.poller = std::make_unique<stats_poller>(m.settings.router_endpoint, m.settings.router_address,
                                             m.settings.pool_actors, m.settings.stats_interval, m.view);
   m.link->start();
