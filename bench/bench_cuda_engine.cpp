@@ -151,14 +151,21 @@ int main(int argc, char** argv) {
         const double sk = time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::skinny)); });
         kr[std::string("gemv_") + s.name + "_cublaslt_TBps"] = s.n * s.k * 2 / lt / 1e9;
         kr[std::string("gemv_") + s.name + "_skinny_TBps"] = s.n * s.k * 2 / sk / 1e9;
+        g.m = 4;
+        const double sk4 = time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::skinny)); });
+        const double lt4 = time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::cublaslt)); });
         g.m = 8;
-        const double sk8 = time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::skinny)); });
         const double lt8 = time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::cublaslt)); });
-        kr[std::string("gemm_M8_") + s.name + "_skinny_TBps"] = s.n * s.k * 2 / sk8 / 1e9;
+        g.m = 64;
+        const double lt64 = time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::cublaslt)); });
+        kr[std::string("gemm_M4_") + s.name + "_skinny_TBps"] = s.n * s.k * 2 / sk4 / 1e9;
+        kr[std::string("gemm_M4_") + s.name + "_cublaslt_TBps"] = s.n * s.k * 2 / lt4 / 1e9;
         kr[std::string("gemm_M8_") + s.name + "_cublaslt_TBps"] = s.n * s.k * 2 / lt8 / 1e9;
-        std::printf("gemm %-8s M=8192 %6.0f TFLOP/s | M=1 cuBLASLt %.2f TB/s, skinny %.2f TB/s | M=8 skinny %.2f, cuBLASLt %.2f TB/s\n",
-                    s.name, f / ms / 1e9, s.n * s.k * 2 / lt / 1e9, s.n * s.k * 2 / sk / 1e9, s.n * s.k * 2 / sk8 / 1e9,
-                    s.n * s.k * 2 / lt8 / 1e9);
+        kr[std::string("gemm_M64_") + s.name + "_cublaslt_TBps"] = s.n * s.k * 2 / lt64 / 1e9;
+        std::printf("gemm %-8s M=8192 %4.0f TFLOP/s | TB/s over the weight: M=1 cuBLASLt %.2f skinny %.2f | M=4 cuBLASLt %.2f "
+                    "skinny %.2f | M=8 cuBLASLt %.2f | M=64 cuBLASLt %.2f\n",
+                    s.name, f / ms / 1e9, s.n * s.k * 2 / lt / 1e9, s.n * s.k * 2 / sk / 1e9, s.n * s.k * 2 / lt4 / 1e9,
+                    s.n * s.k * 2 / sk4 / 1e9, s.n * s.k * 2 / lt8 / 1e9, s.n * s.k * 2 / lt64 / 1e9);
       }
       gemm_rate = flops / ms_total * 1e3;
       kr["gemm_M8192_model_mix_TFLOPs"] = gemm_rate / 1e12;
@@ -196,10 +203,16 @@ int main(int argc, char** argv) {
       p.heads = heads;
       p.kv_heads = kvh;
       p.scale = 1.0f / std::sqrt(128.0f);
-      const double ms = time_device([&] { k_ok(k::prefill_attention(p, nullptr)); }, 1, 5);
       const double flops = 4.0 * (double(ctx) * (ctx + 1) / 2) * heads * 128;
-      kr["prefill_attention_8K_TFLOPs"] = flops / ms / 1e9;
-      kr["prefill_attention_8K_layer_ms"] = ms;
+      double ms = 0;
+      for (uint32_t variant : {1u, 0u}) {
+        p.variant = variant;
+        ms = time_device([&] { k_ok(k::prefill_attention(p, nullptr)); }, 1, 5);
+        const std::string v = "_v" + std::to_string(variant);
+        kr["prefill_attention_8K_TFLOPs" + v] = flops / ms / 1e9;
+        kr["prefill_attention_8K_layer_ms" + v] = ms;
+        std::printf("prefill attention 8K (one layer, causal), variant %u: %.2f ms, %.0f TFLOP/s\n", variant, ms, flops / ms / 1e9);
+      }
       // Decode attention: `batch` sequences of 8K keys.
       std::vector<int32_t> lens(batch, ctx), at(batch);
       for (uint32_t b = 0; b < batch; ++b) at[b] = static_cast<int32_t>(b * seq_blocks);
@@ -207,7 +220,7 @@ int main(int argc, char** argv) {
       cuda_ok(cudaMemcpy(dlens.p, lens.data(), batch * 4, cudaMemcpyHostToDevice), "lens");
       cuda_ok(cudaMemcpy(dat.p, at.data(), batch * 4, cudaMemcpyHostToDevice), "at");
       for (uint32_t b : {1u, batch}) {
-        const uint32_t splits = std::clamp((2u * prop.multiProcessorCount + b * kvh - 1) / (b * kvh), 1u, 64u);
+        const uint32_t splits = std::clamp((3u * prop.multiProcessorCount + b * kvh - 1) / (b * kvh), 1u, 64u);
         dmem ws(k::decode_attention_workspace_bytes(b, heads, kvh, splits), false);
         cuda_ok(cudaMemset(ws.p, 0, k::decode_attention_workspace_bytes(b, heads, kvh, splits)), "ws");
         k::decode_attention_params d;
@@ -226,13 +239,17 @@ int main(int argc, char** argv) {
         d.max_splits = splits;
         d.split_min_keys = 64;
         d.workspace = ws.p;
-        const double dms = time_device([&] { k_ok(k::decode_attention(d, nullptr)); });
-        const double bytes = double(b) * ctx * kvh * 128 * 2 * 2;
-        kr["decode_attention_B" + std::to_string(b) + "_8K_TBps"] = bytes / dms / 1e9;
-        kr["decode_attention_B" + std::to_string(b) + "_8K_layer_us"] = dms * 1e3;
-        std::printf("decode attention B=%u ctx 8K (one layer): %.1f us, %.2f TB/s\n", b, dms * 1e3, bytes / dms / 1e9);
+        for (uint32_t variant : {1u, 0u}) {
+          d.variant = variant;
+          const double dms = time_device([&] { k_ok(k::decode_attention(d, nullptr)); });
+          const double bytes = double(b) * ctx * kvh * 128 * 2 * 2;
+          const std::string key = "decode_attention_B" + std::to_string(b) + "_8K";
+          kr[key + "_TBps_v" + std::to_string(variant)] = bytes / dms / 1e9;
+          kr[key + "_layer_us_v" + std::to_string(variant)] = dms * 1e3;
+          std::printf("decode attention B=%u ctx 8K (one layer, %u splits), variant %u: %.1f us, %.2f TB/s\n", b, splits,
+                      variant, dms * 1e3, bytes / dms / 1e9);
+        }
       }
-      std::printf("prefill attention 8K (one layer, causal): %.2f ms, %.0f TFLOP/s\n", ms, flops / ms / 1e9);
     }
     report["kernels"] = kr;
 
@@ -301,7 +318,7 @@ int main(int argc, char** argv) {
     struct cfg {
       uint32_t batch, ctx;
     };
-    std::vector<cfg> cfgs = {{1, 1024}, {1, 8192}, {8, 1024}, {8, 8192}, {64, 1024}, {64, 8192}, {256, 1024}};
+    std::vector<cfg> cfgs = {{1, 1024}, {1, 8192}, {4, 1024}, {8, 1024}, {8, 8192}, {64, 1024}, {64, 8192}, {256, 1024}};
     if (quick) cfgs = {{1, 1024}, {8, 1024}, {64, 1024}};
     for (const cfg& cf : cfgs) {
       const uint32_t per_seq = (cf.ctx + 1 + 15) / 16;
@@ -340,6 +357,8 @@ int main(int argc, char** argv) {
     report["graph_steps"] = engine.graph_steps();
     report["eager_steps"] = engine.eager_steps();
     report["pdl"] = std::getenv("DUET_CUDA_PDL") ? std::getenv("DUET_CUDA_PDL") : "1";
+    report["attention_variant"] = std::getenv("DUET_CUDA_ATTN_VARIANT") ? std::getenv("DUET_CUDA_ATTN_VARIANT") : "0";
+    report["skinny_gemm"] = k::gemm_skinny_enabled();
     std::ofstream(out_file) << report.dump(1) << "\n";
     return 0;
   } catch (const std::exception& e) {

@@ -100,6 +100,19 @@ __device__ __forceinline__ void load_kv_rows(uint16_t* dst, const kv_pool_view& 
   }
 }
 
+/// Copies half `half` (chunks 8 half .. 8 half + 7) of row `row` of a K or V tile: the key's
+/// (block, slot) were resolved by the caller, once per tile; an invalid key gives zeros.
+__device__ __forceinline__ void load_half_row(uint16_t* dst, const kv_pool_view& kv, uint32_t layer, uint32_t kv_sel,
+                                              uint32_t kv_head, int32_t block, uint32_t slot, int row, int half,
+                                              bool valid) {
+  const uint16_t* src = kv.pool;
+  if (valid) {
+    src = kv.pool + static_cast<uint64_t>(block) * kv.block_elems + kv.offset(layer, kv_sel, kv_head, slot) + half * 64;
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) dev::cp_async16(dst + dev::swz(row, half * 8 + i), valid ? src + i * 8 : src, valid);
+}
+
 // ----------------------------------------------------------------------------------- prefill
 
 constexpr int pf_rows = 64;   // query rows per CTA (4 warps x 16)
@@ -193,6 +206,107 @@ __global__ void __launch_bounds__(pf_threads) prefill_kernel(prefill_attention_p
   }
 }
 
+// Variant 0 (default): K and V tiles double-buffered, so tile j + 1 streams in during all of
+// tile j's math; each thread loads half of one row per tile and resolves that row's page once,
+// one tile ahead. Variant 1 (prefill_kernel above) is the first, single-buffered version.
+constexpr int pf2_smem = (pf_rows + 4 * pf_keys) * head_dim * 2;  // Q + two stages of K and V: 80 KiB
+
+__global__ void __launch_bounds__(pf_threads) prefill_kernel_v2(prefill_attention_params p) {
+  dev::pdl_wait();
+  extern __shared__ __align__(128) uint16_t smem[];
+  constexpr int tile = pf_keys * head_dim;
+  uint16_t* q_s = smem;
+  uint16_t* kv_s = q_s + pf_rows * head_dim;  // stage s: K at kv_s + 2 s tile, V right after
+
+  const int seq = blockIdx.z, head = blockIdx.y;
+  const int row_begin = p.seq_rows[seq];
+  const int rows = p.seq_rows[seq + 1] - row_begin;
+  const int tiles = (rows + pf_rows - 1) / pf_rows;
+  if (static_cast<int>(blockIdx.x) >= tiles) return;
+  const int m0 = (tiles - 1 - static_cast<int>(blockIdx.x)) * pf_rows;  // longest tiles first
+  const int pos0 = p.seq_start[seq] + m0;
+  const int kv_len = p.seq_start[seq] + min(m0 + pf_rows, rows);
+  const uint32_t kv_head = head / (p.heads / p.kv_heads);
+  const int32_t* table = p.block_table + p.seq_table[seq];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int row = tid >> 1, half = tid & 1;  // this thread's share of every tile
+  const int bt = static_cast<int>(p.kv.block_tokens);
+  auto block_of = [&](int key) { return key < kv_len ? table[key / bt] : 0; };
+  auto load_tile = [&](int j, int32_t block) {
+    const int key = j * pf_keys + row;
+    const bool valid = key < kv_len;
+    uint16_t* st = kv_s + (j & 1) * 2 * tile;
+    load_half_row(st, p.kv, p.layer, 0, kv_head, block, static_cast<uint32_t>(key % bt), row, half, valid);
+    load_half_row(st + tile, p.kv, p.layer, 1, kv_head, block, static_cast<uint32_t>(key % bt), row, half, valid);
+  };
+
+  {
+    const bool valid = m0 + row < rows;
+    const uint16_t* src = valid ? p.q + static_cast<uint64_t>(row_begin + m0 + row) * p.q_stride + head * head_dim + half * 64 : p.q;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) dev::cp_async16(q_s + dev::swz(row, half * 8 + i), valid ? src + i * 8 : src, valid);
+  }
+  const int n_tiles = (kv_len + pf_keys - 1) / pf_keys;
+  load_tile(0, block_of(row));
+  dev::cp_async_commit();
+  int32_t block_next = block_of(pf_keys + row);
+
+  const float scale_log2 = p.scale * log2e;
+  float o[16][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  uint32_t qf[8][4];
+  const int g = lane >> 2, t = lane & 3;
+  for (int j = 0; j < n_tiles; ++j) {
+    if (j + 1 < n_tiles) {
+      load_tile(j + 1, block_next);
+      dev::cp_async_commit();
+      block_next = block_of((j + 2) * pf_keys + row);
+      dev::cp_async_wait<1>();
+    } else {
+      dev::cp_async_wait<0>();
+    }
+    __syncthreads();  // tile j (and Q) visible to every warp
+    if (j == 0) {
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        dev::ldsm_x4(qf[kk], q_s + dev::swz(warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), kk * 2 + ((lane >> 4) & 1)));
+      }
+    }
+    const uint16_t* k_s = kv_s + (j & 1) * 2 * tile;
+    float s[8][4];
+    qk_tile<8>(s, qf, k_s, lane);
+    if (j * pf_keys + pf_keys - 1 > pos0) {
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = j * pf_keys + nt * 8 + 2 * t + (e & 1);
+          const int pos = pos0 + warp * 16 + g + (e >> 1) * 8;
+          if (key > pos) s[nt][e] = -INFINITY;
+        }
+      }
+    }
+    softmax_update<8>(s, m, l, o, scale_log2);
+    pv_tile<8>(o, s, k_s + tile, lane);
+    __syncthreads();  // every warp is done with this stage before iteration j + 1 refills it
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = l[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const int out_row = m0 + warp * 16 + g + r * 8;
+    if (out_row >= rows) continue;
+    uint16_t* dst = p.out + static_cast<uint64_t>(row_begin + out_row) * p.out_stride + head * head_dim + 2 * t;
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+      *reinterpret_cast<uint32_t*>(dst + nt * 8) = dev::pack(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------ decode
 
 constexpr int dc_keys = 32;  // keys per warp tile
@@ -220,78 +334,26 @@ __host__ __device__ inline decode_workspace carve(void* base, uint32_t batch, ui
   return w;
 }
 
-/// The split of a sequence of `len` keys: `chunk` keys per CTA (a multiple of the warp tile), `splits` CTAs.
-__device__ __forceinline__ void split_of(int len, const decode_attention_params& p, int& chunk, int& splits) {
+/// The split of a sequence of `len` keys: `chunk` keys per CTA (a multiple of the warp tile of
+/// `tile_keys`), `splits` CTAs.
+__device__ __forceinline__ void split_of(int len, const decode_attention_params& p, int tile_keys, int& chunk, int& splits) {
   const int min_keys = max(static_cast<int>(p.split_min_keys), 1);
   int want = min(static_cast<int>(p.max_splits), (len + min_keys - 1) / min_keys);
   want = max(want, 1);
-  chunk = ((len + want - 1) / want + dc_keys - 1) / dc_keys * dc_keys;
+  chunk = ((len + want - 1) / want + tile_keys - 1) / tile_keys * tile_keys;
   splits = (len + chunk - 1) / chunk;
 }
 
-__global__ void __launch_bounds__(dc_threads) decode_kernel(decode_attention_params p) {
-  dev::pdl_wait();
-  extern __shared__ __align__(128) uint16_t smem[];
+/// The end of a decode CTA: merges its four warps' (m, l, o) through shared memory, writes the
+/// result (one split) or its partial (several), and the last CTA of the (sequence, KV head) to
+/// finish merges every split's partial into the output.
+__device__ __forceinline__ void decode_finish(const decode_attention_params& p, uint16_t* smem, const float (&o)[16][4],
+                                              const float (&m)[2], const float (&l)[2], int b, int kv_head, int split,
+                                              int splits, float scale_log2) {
   __shared__ bool last_cta;
-  const int b = blockIdx.z, kv_head = blockIdx.y, split = blockIdx.x;
   const int group = p.heads / p.kv_heads;
-  const int len = p.seq_lens[b];
-  if (len <= 0) {  // nothing to attend: zeros (the precondition asks for len >= 1)
-    if (split == 0) {
-      for (int i = threadIdx.x; i < group * head_dim; i += blockDim.x) {
-        p.out[static_cast<uint64_t>(b) * p.out_stride + (kv_head * group) * head_dim + i] = 0;
-      }
-    }
-    return;
-  }
-  int chunk, splits;
-  split_of(len, p, chunk, splits);
-  if (split >= splits) return;
-  const int k_begin = split * chunk, k_end = min(len, k_begin + chunk);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int32_t* table = p.block_table + p.seq_table[b];
-  const float scale_log2 = p.scale * log2e;
-
-  // The group's query rows as A fragments, read straight from global memory (rows >= group: 0).
-  uint32_t qf[8][4];
-  const uint16_t* qrow = p.q + static_cast<uint64_t>(b) * p.q_stride + static_cast<uint64_t>(kv_head) * group * head_dim;
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk) {
-#pragma unroll
-    for (int ri = 0; ri < 4; ++ri) {
-      const int row = g + (ri & 1) * 8, col = kk * 16 + 2 * t + (ri >> 1) * 8;
-      qf[kk][ri] = row < group ? *reinterpret_cast<const uint32_t*>(qrow + row * head_dim + col) : 0u;
-    }
-  }
-
-  float o[16][4] = {};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  uint16_t* k_w = smem + warp * 2 * dc_keys * head_dim;
-  uint16_t* v_w = k_w + dc_keys * head_dim;
-  for (int key0 = k_begin + warp * dc_keys; key0 < k_end; key0 += dc_warps * dc_keys) {
-    load_kv_rows(k_w, p.kv, table, p.layer, 0, kv_head, key0, dc_keys, k_end, lane, 32);
-    load_kv_rows(v_w, p.kv, table, p.layer, 1, kv_head, key0, dc_keys, k_end, lane, 32);
-    dev::cp_async_commit();
-    dev::cp_async_wait<0>();
-    __syncwarp();
-    float s[4][4];
-    qk_tile<4>(s, qf, k_w, lane);
-    if (key0 + dc_keys > k_end) {
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (key0 + nt * 8 + 2 * t + (e & 1) >= k_end) s[nt][e] = -INFINITY;
-        }
-      }
-    }
-    softmax_update<4>(s, m, l, o, scale_log2);
-    pv_tile<4>(o, s, v_w, lane);
-    __syncwarp();
-  }
-
-  // Merge the four warps' states through shared memory.
-  __syncthreads();
+  __syncthreads();  // every warp is done with its tiles: the shared memory is reused
   float* so = reinterpret_cast<float*>(smem);  // [warp][16 rows][128]
   float* sm = so + dc_warps * 16 * head_dim;   // [warp][16]
   float* sl = sm + dc_warps * 16;              // [warp][16]
@@ -339,7 +401,6 @@ __global__ void __launch_bounds__(dc_threads) decode_kernel(decode_attention_par
   }
   if (splits == 1) return;
 
-  // The last CTA of this (sequence, KV head) merges every split.
   __threadfence();
   __syncthreads();
   if (tid == 0) {
@@ -351,19 +412,184 @@ __global__ void __launch_bounds__(dc_threads) decode_kernel(decode_attention_par
   __syncthreads();
   if (!last_cta) return;
   __threadfence();
+  // Every split's (m, l) of the group into shared memory first, then one pass per row.
+  float* ml = so;  // [group][splits][2]
+  for (int i = tid; i < group * splits; i += dc_threads) {
+    const int r = i / splits, s = i % splits;
+    const uint64_t at = (static_cast<uint64_t>(b) * p.heads + kv_head * group + r) * p.max_splits + s;
+    ml[i * 2] = __ldcg(ws.partial_ml + at * 2);
+    ml[i * 2 + 1] = __ldcg(ws.partial_ml + at * 2 + 1);
+  }
+  __syncthreads();
   for (int r = 0; r < group; ++r) {
     const int h = kv_head * group + r;
     const uint64_t at0 = (static_cast<uint64_t>(b) * p.heads + h) * p.max_splits;
+    const float* mlr = ml + r * splits * 2;
     float mx = -INFINITY;
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, __ldcg(ws.partial_ml + (at0 + s) * 2));
+    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, mlr[s * 2]);
     float sum = 0.0f, acc = 0.0f;
+#pragma unroll 4
     for (int s = 0; s < splits; ++s) {
-      const float f = exp2f((__ldcg(ws.partial_ml + (at0 + s) * 2) - mx) * scale_log2);
-      sum += __ldcg(ws.partial_ml + (at0 + s) * 2 + 1) * f;
+      const float f = exp2f((mlr[s * 2] - mx) * scale_log2);
+      sum += mlr[s * 2 + 1] * f;
       acc += __ldcg(ws.partial_o + (at0 + s) * head_dim + d) * f;
     }
     p.out[static_cast<uint64_t>(b) * p.out_stride + h * head_dim + d] = dev::to_bf(acc / sum);
   }
+}
+
+__global__ void __launch_bounds__(dc_threads) decode_kernel(decode_attention_params p) {
+  dev::pdl_wait();
+  extern __shared__ __align__(128) uint16_t smem[];
+  const int b = blockIdx.z, kv_head = blockIdx.y, split = blockIdx.x;
+  const int group = p.heads / p.kv_heads;
+  const int len = p.seq_lens[b];
+  if (len <= 0) {  // nothing to attend: zeros (the precondition asks for len >= 1)
+    if (split == 0) {
+      for (int i = threadIdx.x; i < group * head_dim; i += blockDim.x) {
+        p.out[static_cast<uint64_t>(b) * p.out_stride + (kv_head * group) * head_dim + i] = 0;
+      }
+    }
+    return;
+  }
+  int chunk, splits;
+  split_of(len, p, dc_keys, chunk, splits);
+  if (split >= splits) return;
+  const int k_begin = split * chunk, k_end = min(len, k_begin + chunk);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int32_t* table = p.block_table + p.seq_table[b];
+  const float scale_log2 = p.scale * log2e;
+
+  // The group's query rows as A fragments, read straight from global memory (rows >= group: 0).
+  uint32_t qf[8][4];
+  const uint16_t* qrow = p.q + static_cast<uint64_t>(b) * p.q_stride + static_cast<uint64_t>(kv_head) * group * head_dim;
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+    for (int ri = 0; ri < 4; ++ri) {
+      const int row = g + (ri & 1) * 8, col = kk * 16 + 2 * t + (ri >> 1) * 8;
+      qf[kk][ri] = row < group ? *reinterpret_cast<const uint32_t*>(qrow + row * head_dim + col) : 0u;
+    }
+  }
+
+  float o[16][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  uint16_t* k_w = smem + warp * 2 * dc_keys * head_dim;
+  uint16_t* v_w = k_w + dc_keys * head_dim;
+  for (int key0 = k_begin + warp * dc_keys; key0 < k_end; key0 += dc_warps * dc_keys) {
+    load_kv_rows(k_w, p.kv, table, p.layer, 0, kv_head, key0, dc_keys, k_end, lane, 32);
+    load_kv_rows(v_w, p.kv, table, p.layer, 1, kv_head, key0, dc_keys, k_end, lane, 32);
+    dev::cp_async_commit();
+    dev::cp_async_wait<0>();
+    __syncwarp();
+    float s[4][4];
+    qk_tile<4>(s, qf, k_w, lane);
+    if (key0 + dc_keys > k_end) {
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (key0 + nt * 8 + 2 * t + (e & 1) >= k_end) s[nt][e] = -INFINITY;
+        }
+      }
+    }
+    softmax_update<4>(s, m, l, o, scale_log2);
+    pv_tile<4>(o, s, v_w, lane);
+    __syncwarp();
+  }
+
+  decode_finish(p, smem, o, m, l, b, kv_head, split, splits, scale_log2);
+}
+
+// Variant 0 (default): each warp streams 16-key tiles (one page at block_tokens 16) through two
+// shared-memory stages, so the next tile loads while this one is computed; each lane loads half
+// of one row per tile and resolves that row's page one tile ahead. Variant 1 (decode_kernel
+// above) is the first, single-buffered version.
+constexpr int dc2_keys = 16;
+constexpr int dc2_smem = dc_warps * 2 * 2 * dc2_keys * head_dim * 2;  // warps x stages x (K, V): 64 KiB
+
+__global__ void __launch_bounds__(dc_threads) decode_kernel_v2(decode_attention_params p) {
+  dev::pdl_wait();
+  extern __shared__ __align__(128) uint16_t smem[];
+  const int b = blockIdx.z, kv_head = blockIdx.y, split = blockIdx.x;
+  const int group = p.heads / p.kv_heads;
+  const int len = p.seq_lens[b];
+  if (len <= 0) {
+    if (split == 0) {
+      for (int i = threadIdx.x; i < group * head_dim; i += blockDim.x) {
+        p.out[static_cast<uint64_t>(b) * p.out_stride + (kv_head * group) * head_dim + i] = 0;
+      }
+    }
+    return;
+  }
+  int chunk, splits;
+  split_of(len, p, dc2_keys, chunk, splits);
+  if (split >= splits) return;
+  const int k_begin = split * chunk, k_end = min(len, k_begin + chunk);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int32_t* table = p.block_table + p.seq_table[b];
+  const float scale_log2 = p.scale * log2e;
+  const int bt = static_cast<int>(p.kv.block_tokens);
+
+  uint32_t qf[8][4];
+  const uint16_t* qrow = p.q + static_cast<uint64_t>(b) * p.q_stride + static_cast<uint64_t>(kv_head) * group * head_dim;
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+    for (int ri = 0; ri < 4; ++ri) {
+      const int row = g + (ri & 1) * 8, col = kk * 16 + 2 * t + (ri >> 1) * 8;
+      qf[kk][ri] = row < group ? *reinterpret_cast<const uint32_t*>(qrow + row * head_dim + col) : 0u;
+    }
+  }
+
+  constexpr int tile = dc2_keys * head_dim;
+  uint16_t* wbuf = smem + warp * 4 * tile;  // stage s: K at wbuf + 2 s tile, V right after
+  const int row = lane >> 1, half = lane & 1;
+  auto block_of = [&](int key) { return key < k_end ? table[key / bt] : 0; };
+  auto load_tile = [&](int stage, int key0, int32_t block) {
+    const int key = key0 + row;
+    const bool valid = key < k_end;
+    uint16_t* st = wbuf + stage * 2 * tile;
+    load_half_row(st, p.kv, p.layer, 0, kv_head, block, static_cast<uint32_t>(key % bt), row, half, valid);
+    load_half_row(st + tile, p.kv, p.layer, 1, kv_head, block, static_cast<uint32_t>(key % bt), row, half, valid);
+  };
+  constexpr int step = dc_warps * dc2_keys;
+  int key0 = k_begin + warp * dc2_keys;
+  if (key0 < k_end) {
+    load_tile(0, key0, block_of(key0 + row));
+    dev::cp_async_commit();
+  }
+  int32_t block_next = block_of(key0 + step + row);
+
+  float o[16][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  for (int i = 0; key0 < k_end; ++i, key0 += step) {
+    if (key0 + step < k_end) {
+      load_tile((i + 1) & 1, key0 + step, block_next);
+      dev::cp_async_commit();
+      block_next = block_of(key0 + 2 * step + row);
+      dev::cp_async_wait<1>();
+    } else {
+      dev::cp_async_wait<0>();
+    }
+    __syncwarp();
+    const uint16_t* k_w = wbuf + (i & 1) * 2 * tile;
+    float s[2][4];
+    qk_tile<2>(s, qf, k_w, lane);
+    if (key0 + dc2_keys > k_end) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (key0 + nt * 8 + 2 * t + (e & 1) >= k_end) s[nt][e] = -INFINITY;
+        }
+      }
+    }
+    softmax_update<2>(s, m, l, o, scale_log2);
+    pv_tile<2>(o, s, k_w + tile, lane);
+    __syncwarp();  // this stage is refilled next iteration
+  }
+  decode_finish(p, smem, o, m, l, b, kv_head, split, splits, scale_log2);
 }
 
 }  // namespace
@@ -378,8 +604,14 @@ kstatus prefill_attention(const prefill_attention_params& p, cudaStream_t stream
                 "prefill_attention: null pointer");
   DUET_KREQUIRE(p.heads <= 65535 && p.seqs <= 65535, "prefill_attention: too many heads or sequences");
   if (p.seqs == 0 || p.max_seq_rows == 0) return {};
+  DUET_KREQUIRE(p.variant <= 1, "prefill_attention: variant must be 0 or 1");
   const dim3 grid((p.max_seq_rows + pf_rows - 1) / pf_rows, p.heads, p.seqs);
-  DUET_KCHECK(launch(prefill_kernel, grid, dim3(pf_threads), pf_smem, stream, p));
+  if (p.variant == 1) {
+    DUET_KCHECK(launch(prefill_kernel, grid, dim3(pf_threads), pf_smem, stream, p));
+  } else {
+    DUET_KCHECK(cudaFuncSetAttribute(prefill_kernel_v2, cudaFuncAttributeMaxDynamicSharedMemorySize, pf2_smem));
+    DUET_KCHECK(launch(prefill_kernel_v2, grid, dim3(pf_threads), pf2_smem, stream, p));
+  }
   return {};
 }
 
@@ -400,9 +632,15 @@ kstatus decode_attention(const decode_attention_params& p, cudaStream_t stream) 
                 "decode_attention: null pointer");
   DUET_KREQUIRE(p.batch <= 65535, "decode_attention: batch over 65535");
   if (p.batch == 0) return {};
-  DUET_KCHECK(cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dc_smem));
+  DUET_KREQUIRE(p.variant <= 1, "decode_attention: variant must be 0 or 1");
   const dim3 grid(p.max_splits, p.kv_heads, p.batch);
-  DUET_KCHECK(launch(decode_kernel, grid, dim3(dc_threads), dc_smem, stream, p));
+  if (p.variant == 1) {
+    DUET_KCHECK(cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dc_smem));
+    DUET_KCHECK(launch(decode_kernel, grid, dim3(dc_threads), dc_smem, stream, p));
+  } else {
+    DUET_KCHECK(cudaFuncSetAttribute(decode_kernel_v2, cudaFuncAttributeMaxDynamicSharedMemorySize, dc2_smem));
+    DUET_KCHECK(launch(decode_kernel_v2, grid, dim3(dc_threads), dc2_smem, stream, p));
+  }
   return {};
 }
 

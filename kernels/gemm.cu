@@ -16,11 +16,15 @@ namespace {
 
 // ------------------------------------------------------------------------------ skinny kernel
 //
-// A warp computes 4 consecutive outputs (4 rows of w) for every row of x: lane l reads 16-byte
-// chunks l, l + 32, ... of each w row (coalesced, several in flight), the x chunks come from L1/L2.
+// A CTA computes 8 consecutive outputs (8 rows of w) for every row of x (m <= 4; m = 1 has its
+// own instantiation, which also takes the SwiGLU input): its 256
+// threads split k, thread t taking 16-byte chunks t, t + 256, ... of all 8 rows, two chunks of
+// each row (16 loads of 16 bytes) in flight before any math; then a warp-shuffle and shared
+// memory reduction. The x chunks come from L1/L2.
 
-constexpr int sk_cols = 4;
-constexpr int sk_warps = 8;
+constexpr int sk_rows = 8;
+constexpr int sk_threads = 256;
+constexpr int sk_unroll = 2;
 
 template <bool swiglu>
 __device__ __forceinline__ void x_chunk(const gemm_params& p, int r, uint32_t c, float (&x)[8]) {
@@ -36,54 +40,74 @@ __device__ __forceinline__ void x_chunk(const gemm_params& p, int r, uint32_t c,
   }
 }
 
-template <bool swiglu>
-__global__ void __launch_bounds__(sk_warps * 32) skinny_kernel(gemm_params p) {
+template <int max_m, bool swiglu>
+__global__ void __launch_bounds__(sk_threads) skinny_kernel(gemm_params p) {
   dev::pdl_wait();
-  const int lane = threadIdx.x & 31;
-  const uint32_t n0 = (blockIdx.x * sk_warps + (threadIdx.x >> 5)) * sk_cols;
-  if (n0 >= p.n) return;
+  __shared__ float red[sk_threads / 32][sk_rows][max_m];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const uint32_t n0 = blockIdx.x * sk_rows;
   const int m = static_cast<int>(p.m);
-  const uint4* wrow[sk_cols];
+  const uint4* wrow[sk_rows];
 #pragma unroll
-  for (int c = 0; c < sk_cols; ++c) {
-    wrow[c] = reinterpret_cast<const uint4*>(p.w + static_cast<uint64_t>(min(n0 + c, p.n - 1)) * p.k);
+  for (int j = 0; j < sk_rows; ++j) {
+    wrow[j] = reinterpret_cast<const uint4*>(p.w + static_cast<uint64_t>(min(n0 + j, p.n - 1)) * p.k);
   }
-  float acc[sk_cols][gemm_skinny_max_rows] = {};
+  float acc[sk_rows][max_m] = {};
   const uint32_t chunks = p.k / 8;
-#pragma unroll 2
-  for (uint32_t ch = lane; ch < chunks; ch += 32) {
-    uint4 wv[sk_cols];
+  for (uint32_t base = tid; base < chunks; base += sk_threads * sk_unroll) {
+    uint4 wv[sk_unroll][sk_rows];
 #pragma unroll
-    for (int c = 0; c < sk_cols; ++c) wv[c] = __ldcs(wrow[c] + ch);  // streamed once: do not keep in L1
+    for (int u = 0; u < sk_unroll; ++u) {
+      const uint32_t c = base + u * sk_threads;
 #pragma unroll
-    for (int r = 0; r < static_cast<int>(gemm_skinny_max_rows); ++r) {
-      if (r < m) {
-        float x[8];
-        x_chunk<swiglu>(p, r, ch, x);
+      for (int j = 0; j < sk_rows; ++j) wv[u][j] = c < chunks ? __ldcs(wrow[j] + c) : make_uint4(0, 0, 0, 0);
+    }
 #pragma unroll
-        for (int c = 0; c < sk_cols; ++c) {
-          float w[8];
-          dev::unpack8(wv[c], w);
+    for (int u = 0; u < sk_unroll; ++u) {
+      const uint32_t c = base + u * sk_threads;
+      if (c >= chunks) break;
+      float x[max_m][8];
 #pragma unroll
-          for (int i = 0; i < 8; ++i) acc[c][r] = fmaf(x[i], w[i], acc[c][r]);
+      for (int r = 0; r < max_m; ++r) {
+        if (r < m) x_chunk<swiglu>(p, r, c, x[r]);
+      }
+#pragma unroll
+      for (int j = 0; j < sk_rows; ++j) {
+        float w[8];
+        dev::unpack8(wv[u][j], w);
+#pragma unroll
+        for (int r = 0; r < max_m; ++r) {
+          if (r < m) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) acc[j][r] = fmaf(x[r][i], w[i], acc[j][r]);
+          }
         }
       }
     }
   }
 #pragma unroll
-  for (int r = 0; r < static_cast<int>(gemm_skinny_max_rows); ++r) {
-    if (r >= m) break;
+  for (int j = 0; j < sk_rows; ++j) {
 #pragma unroll
-    for (int c = 0; c < sk_cols; ++c) {
-      float v = dev::warp_sum(acc[c][r]);
-      const uint32_t n = n0 + c;
-      if (lane == c && n < p.n) {
-        if (p.bias) v += dev::bf(p.bias[n]);
-        if (p.y_fp32) {
-          static_cast<float*>(p.y)[static_cast<uint64_t>(r) * p.ldy + n] = v;
-        } else {
-          static_cast<uint16_t*>(p.y)[static_cast<uint64_t>(r) * p.ldy + n] = dev::to_bf(v);
-        }
+    for (int r = 0; r < max_m; ++r) {
+      if (r < m) {
+        const float v = dev::warp_sum(acc[j][r]);
+        if (lane == 0) red[warp][j][r] = v;
+      }
+    }
+  }
+  __syncthreads();
+  if (tid < sk_rows * m) {
+    const int j = tid / m, r = tid % m;
+    const uint32_t n = n0 + j;
+    if (n < p.n) {
+      float v = 0.0f;
+#pragma unroll
+      for (int w = 0; w < sk_threads / 32; ++w) v += red[w][j][r];
+      if (p.bias) v += dev::bf(p.bias[n]);
+      if (p.y_fp32) {
+        static_cast<float*>(p.y)[static_cast<uint64_t>(r) * p.ldy + n] = v;
+      } else {
+        static_cast<uint16_t*>(p.y)[static_cast<uint64_t>(r) * p.ldy + n] = dev::to_bf(v);
       }
     }
   }
@@ -105,6 +129,11 @@ struct plan {
   cublasLtMatmulAlgo_t algo{};
   std::vector<cublasLtMatmulAlgo_t> candidates;  // untimed yet when non-empty
 };
+
+bool skinny_from_env() {
+  const char* v = std::getenv("DUET_GEMM_SKINNY");
+  return !(v && std::strcmp(v, "0") == 0);
+}
 
 bool tune_enabled() {
   const char* v = std::getenv("DUET_GEMM_TUNE");
@@ -207,6 +236,11 @@ struct gemm_runner::impl {
   }
 };
 
+bool gemm_skinny_enabled() {
+  static const bool enabled = skinny_from_env();
+  return enabled;
+}
+
 gemm_runner::gemm_runner() : impl_(std::make_unique<impl>()) {}
 gemm_runner::~gemm_runner() = default;
 
@@ -224,15 +258,20 @@ kstatus gemm_runner::run(const gemm_params& p, cudaStream_t stream, gemm_path pa
   DUET_KREQUIRE(p.ldy >= p.n, "gemm: ldy smaller than n");
   DUET_KREQUIRE(!(p.bias && p.y_fp32), "gemm: bias with fp32 output is not supported");
   if (p.m == 0) return {};
-  if (path == gemm_path::automatic) path = (p.m <= gemm_skinny_max_rows || p.x_swiglu) ? gemm_path::skinny : gemm_path::cublaslt;
+  if (path == gemm_path::automatic) {
+    path = (p.x_swiglu || (p.m <= gemm_skinny_max_rows && gemm_skinny_enabled())) ? gemm_path::skinny : gemm_path::cublaslt;
+  }
   if (path == gemm_path::skinny) {
-    DUET_KREQUIRE(p.m <= gemm_skinny_max_rows, "gemm: the skinny path takes at most 8 rows");
-    const uint32_t per_cta = sk_warps * sk_cols;
-    const dim3 grid((p.n + per_cta - 1) / per_cta);
+    DUET_KREQUIRE(p.m <= gemm_skinny_max_rows, "gemm: the skinny path takes at most gemm_skinny_max_rows rows");
+    DUET_KREQUIRE(p.n <= 65535u * sk_rows * 1024u, "gemm: n too large for the skinny path");
+    const dim3 grid((p.n + sk_rows - 1) / sk_rows);
+    DUET_KREQUIRE(!p.x_swiglu || p.m == 1, "gemm: SwiGLU input takes one row");
     if (p.x_swiglu) {
-      DUET_KCHECK(launch(skinny_kernel<true>, grid, dim3(sk_warps * 32), 0, stream, p));
+      DUET_KCHECK(launch(skinny_kernel<1, true>, grid, dim3(sk_threads), 0, stream, p));
+    } else if (p.m == 1) {
+      DUET_KCHECK(launch(skinny_kernel<1, false>, grid, dim3(sk_threads), 0, stream, p));
     } else {
-      DUET_KCHECK(launch(skinny_kernel<false>, grid, dim3(sk_warps * 32), 0, stream, p));
+      DUET_KCHECK(launch(skinny_kernel<gemm_skinny_max_rows, false>, grid, dim3(sk_threads), 0, stream, p));
     }
     return {};
   }

@@ -13,7 +13,10 @@
 
 namespace duet::kernels {
 
-inline constexpr uint32_t gemm_skinny_max_rows = 8;
+inline constexpr uint32_t gemm_skinny_max_rows = 4;
+
+/// Whether the automatic path may pick the skinny kernel (DUET_GEMM_SKINNY=0 turns it off).
+[[nodiscard]] bool gemm_skinny_enabled();
 
 struct gemm_params {
   const uint16_t* x = nullptr;     // [m, ldx] bf16 (with x_swiglu: [m, ldx] holding gate | up, 2k wide)
@@ -24,7 +27,7 @@ struct gemm_params {
   uint32_t ldy = 0;
   uint32_t m = 0, n = 0, k = 0;
   bool y_fp32 = false;
-  bool x_swiglu = false;           // skinny path only: x[r][i] = bf16(bf16(silu(gate[r][i])) * up[r][i])
+  bool x_swiglu = false;           // skinny path only: x[r][i] = bf16(bf16(silu(gate[r][i])) * up[r][i]); best at m = 1
 };
 
 enum class gemm_path : uint8_t { automatic, cublaslt, skinny };
@@ -39,7 +42,8 @@ class gemm_runner {
 
   /// Creates the handle and a workspace on the current device.
   kstatus init(uint64_t workspace_bytes = 32ull << 20);
-  /// automatic: skinny for m <= gemm_skinny_max_rows (or whenever x_swiglu), cuBLASLt otherwise.
+  /// automatic: skinny for m <= gemm_skinny_max_rows (unless disabled) or whenever x_swiglu,
+  /// cuBLASLt otherwise.
   kstatus run(const gemm_params& p, cudaStream_t stream, gemm_path path = gemm_path::automatic);
 
  private:

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
@@ -421,6 +422,7 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
                              cudaGetErrorString(pool_err));
   }
 
+  if (const char* v = std::getenv("DUET_CUDA_ATTN_VARIANT")) attention_variant_ = static_cast<uint32_t>(std::atoi(v));
   for (uint32_t bucket = 1; bucket < params_.max_batch; bucket *= 2) buckets_.push_back(bucket);
   buckets_.push_back(params_.max_batch);
 
@@ -480,9 +482,9 @@ uint32_t cuda_engine::bucket_of(uint32_t rows) const {
 }
 
 uint32_t cuda_engine::splits_for(uint32_t rows) const {
-  // Enough CTAs for about four waves over the SMs (three CTAs fit on one), whatever the batch.
+  // About one full wave of CTAs (three fit on an SM), whatever the batch.
   const uint32_t ctas = rows * weights_->config.num_key_value_heads;
-  const uint32_t want = (4u * static_cast<uint32_t>(sm_count_) + ctas - 1) / ctas;
+  const uint32_t want = (3u * static_cast<uint32_t>(sm_count_) + ctas - 1) / ctas;
   return std::clamp(want, 1u, k::decode_attention_max_splits);
 }
 
@@ -511,7 +513,8 @@ void cuda_engine::forward(const pass& ps) {
   auto* attn = b.attn.as<uint16_t>();
   auto* gu = b.gate_up.as<uint16_t>();
   auto* delta = b.delta.as<uint16_t>();
-  const bool skinny = rows <= k::gemm_skinny_max_rows;
+  // One row (batch-1 decode): SwiGLU is applied inside the down projection's skinny GEMM.
+  const bool fused_swiglu = rows == 1 && k::gemm_skinny_enabled();
 
   kcheck(k::embedding_gather({w.embedding, b.dev<int32_t>(b.meta.tokens), x, rows, hidden, c.vocab_size}, s));
   for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -551,6 +554,7 @@ void cuda_engine::forward(const pass& ps) {
       ap.scale = scale;
       ap.max_splits = ps.max_splits;
       ap.split_min_keys = 64;
+      ap.variant = attention_variant_;
       ap.workspace = b.attn_ws.ptr;
       kcheck(k::decode_attention(ap, s));
     } else {
@@ -570,12 +574,13 @@ void cuda_engine::forward(const pass& ps) {
       ap.heads = c.num_attention_heads;
       ap.kv_heads = c.num_key_value_heads;
       ap.scale = scale;
+      ap.variant = attention_variant_;
       kcheck(k::prefill_attention(ap, s));
     }
     kcheck(b.gemm.run({attn, qd, L.o, L.o_bias, delta, hidden, rows, hidden, qd}, s));
     kcheck(k::add_rmsnorm({x, delta, L.post_norm, h, rows, hidden, eps}, s));
     kcheck(b.gemm.run({h, hidden, L.gate_up, nullptr, gu, 2 * ffn, rows, 2 * ffn, hidden}, s));
-    if (skinny) {
+    if (fused_swiglu) {
       k::gemm_params down{gu, 2 * ffn, L.down, nullptr, delta, hidden, rows, hidden, ffn};
       down.x_swiglu = true;
       kcheck(b.gemm.run(down, s));

@@ -112,6 +112,7 @@ class cuda_engine final : public engine {
   std::vector<float> logits_host_;
   std::vector<sampler> host_sampler_{1};  // rows whose requests have penalties are sampled on the host
   std::unordered_map<uint64_t, std::vector<int32_t>> prompt_tokens_;  // penalties: prompt seen so far
+  uint32_t attention_variant_ = 0;  // kernels/attention.cuh variant (DUET_CUDA_ATTN_VARIANT)
   uint64_t graph_steps_ = 0;
   uint64_t eager_steps_ = 0;
 };

@@ -38,7 +38,15 @@ run() {  # run NAME TIMEOUT CMD...: records a failure, never stops the script
   return $rc
 }
 
-if [ -d .devdeps ]; then source .devdeps/unpack-debs.sh .devdeps; fi
+if [ -d .devdeps ]; then
+  source .devdeps/unpack-debs.sh .devdeps
+  # libzmq.pc names private requirements whose -dev packages are not carried: empty stand-ins.
+  mkdir -p /opt/deps/stub-pc
+  for pc in krb5-gssapi libsodium openpgm-5.3 norm libbsd; do
+    printf 'Name: %s\nDescription: stand-in\nVersion: 99\n' "$pc" > "/opt/deps/stub-pc/$pc.pc"
+  done
+  export PKG_CONFIG_PATH=/opt/deps/stub-pc${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+fi
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader || true
 
@@ -58,7 +66,11 @@ fi
 
 if has kernels; then
   stage "kernel tests"
-  run kernels 300 "$BUILD/tests/test_cuda_kernels" -d
+  if ! run kernels 300 "$BUILD/tests/test_cuda_kernels" -d; then
+    # Keep the later stages meaningful: the first attention kernels and cuBLASLt-only GEMMs.
+    echo "kernel tests failed: the engine stages below run with DUET_CUDA_ATTN_VARIANT=1 DUET_GEMM_SKINNY=0"
+    export DUET_CUDA_ATTN_VARIANT=1 DUET_GEMM_SKINNY=0
+  fi
 fi
 if has sanitize && fits sanitize 200; then
   stage "compute-sanitizer (small sweeps)"
@@ -99,13 +111,22 @@ if has peers && fits peers 200; then
 fi
 if has summary && [ -f "$OUT/bench.json" ]; then
   stage summary
-  python3 - "$OUT" <<'PY' | tee "$OUT/summary.md"
+  python3 - "$OUT" "$PWD/.peers" <<'PY' | tee "$OUT/summary.md"
 import json, os, sys
 out = sys.argv[1]
 def load(name):
     p = os.path.join(out, name)
     return json.load(open(p)) if os.path.exists(p) else {}
 bench, graph, hf = load("bench.json"), load("graphdecode.json"), load("baseline.json")
+note = "PyTorch peers run in this call"
+if not graph or not hf:
+    # Not run in this call: the figures BASELINES.md recorded on the same kind of machine.
+    base = json.load(open(os.path.join(sys.argv[2], "baselines.json"))) if os.path.exists(os.path.join(sys.argv[2], "baselines.json")) else {}
+    graph = graph or base
+    hf = hf or base
+    note = "PyTorch peers: " + base.get("source", "none")
+print(note)
+print()
 print("| decode | ms/step | floor ms | floor/ours | PyTorch+graph ms | PyTorch/ours |")
 print("| --- | --- | --- | --- | --- | --- |")
 for d in bench.get("decode", []):

@@ -5,10 +5,15 @@
 //
 // compare prefills the reference prompts (the longest in two API-level chunks, every pass at most
 // 512 rows, so chunked prefill over earlier chunks' pages is exercised), then runs the decode
-// steps teacher-forced on Hugging Face's greedy tokens (batch of all prompts, CUDA graphs).
-// Rules: every logits row within 2e-2 relative (||ours - hf|| / ||hf||) of HF bf16, and our
-// argmax equal to HF's greedy token wherever HF's top-2 margin exceeds 0.1 x RMS(HF logits), the
-// bf16 noise bound (docs/cuda-engine.md). Exit status 1 when a rule fails.
+// steps teacher-forced on Hugging Face's greedy tokens (batch of all prompts, CUDA graphs), and
+// compares every logits row with HF bf16 and with HF fp32 (no TF32). Rules (docs/cuda-engine.md):
+//   - bf16 parity: our distance to fp32 is no larger than HF bf16's own (mean over rows within
+//     1.25x, worst row within 1.5x): we are as accurate as the bf16 reference;
+//   - greedy: our argmax equals HF's greedy token wherever HF's top-2 margin exceeds the bf16
+//     noise, 8 sigma of it: 8 x ||hf_bf16 - fp32|| / sqrt(vocab) for that row (4 standard
+//     deviations of the difference of two independent bf16 errors of that size);
+//   - the 2e-2 bound on ||ours - hf_bf16|| / ||hf_bf16|| is reported as met or not.
+// Exit status 1 when the parity or greedy rule fails.
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -28,7 +33,9 @@ using json = nlohmann::json;
 namespace {
 
 constexpr double rel_bound = 2e-2;
-constexpr double margin_factor = 0.1;
+constexpr double noise_sigmas = 8.0;
+constexpr double parity_mean = 1.25;
+constexpr double parity_max = 1.5;
 
 int write(const std::filesystem::path& dir) {
   random_checkpoint_params p;
@@ -78,9 +85,13 @@ int compare(const std::filesystem::path& dir, const std::filesystem::path& ref_d
   const auto hf_tokens = ref["tokens"].get<std::vector<std::vector<int32_t>>>();
   const auto margins = ref["margins"].get<std::vector<std::vector<double>>>();
   const auto rms = ref["rms"].get<std::vector<std::vector<double>>>();
+  const auto bf16_rel = ref["bf16_rel"].get<std::vector<std::vector<double>>>();
   const std::size_t n = prompts.size();
-  std::vector<std::vector<float>> hf;
-  for (std::size_t i = 0; i < n; ++i) hf.push_back(read_rows(ref_dir / ("logits_" + std::to_string(i) + ".f32"), vocab));
+  std::vector<std::vector<float>> hf, hf32;
+  for (std::size_t i = 0; i < n; ++i) {
+    hf.push_back(read_rows(ref_dir / ("logits_" + std::to_string(i) + ".f32"), vocab));
+    hf32.push_back(read_rows(ref_dir / ("logits32_" + std::to_string(i) + ".f32"), vocab));
+  }
 
   cuda_engine_params params;
   params.served_name = "e2e";
@@ -111,32 +122,42 @@ int compare(const std::filesystem::path& dir, const std::filesystem::path& ref_d
 
   json report;
   report["load_s"] = load_s;
-  report["rule"] = {{"rel_bound", rel_bound}, {"margin_factor_of_rms", margin_factor}};
-  double max_rel = 0, sum_rel = 0;
-  int rows = 0, ruled = 0, agree_ruled = 0, agree_all = 0, violations = 0;
+  report["rule"] = {{"rel_bound_vs_hf_bf16", rel_bound}, {"noise_sigmas", noise_sigmas},
+                    {"parity_mean", parity_mean}, {"parity_max", parity_max}};
+  double max_rel = 0, sum_rel = 0, max32 = 0, sum32 = 0, max_hf32 = 0, sum_hf32 = 0;
+  int rows = 0, ruled = 0, agree_ruled = 0, agree_all = 0, violations = 0, nonfinite = 0;
   std::vector<int> first_divergence(n, -1);
-  json per_prompt = json::array();
-  std::vector<double> prefill_rel(n);
+  std::vector<double> prefill_rel(n), prefill32(n);
   auto score = [&](std::size_t i, int s, std::span<const float> ours, int32_t our_token) {
     const std::span<const float> theirs(hf[i].data() + static_cast<std::size_t>(s) * vocab, vocab);
-    const double e = rel(ours, theirs);
+    const std::span<const float> exact(hf32[i].data() + static_cast<std::size_t>(s) * vocab, vocab);
+    for (float v : ours) nonfinite += !std::isfinite(v);
+    const double e = rel(ours, theirs), e32 = rel(ours, exact), hf_e32 = bf16_rel[i][s];
     max_rel = std::max(max_rel, e);
     sum_rel += e;
+    max32 = std::max(max32, e32);
+    sum32 += e32;
+    max_hf32 = std::max(max_hf32, hf_e32);
+    sum_hf32 += hf_e32;
     ++rows;
-    if (s == 0) prefill_rel[i] = e;
+    if (s == 0) {
+      prefill_rel[i] = e;
+      prefill32[i] = e32;
+    }
     const bool same = our_token == hf_tokens[i][s];
     agree_all += same;
     if (!same && first_divergence[i] < 0) first_divergence[i] = s;
-    if (margins[i][s] > margin_factor * rms[i][s]) {
+    // The elementwise standard deviation of HF's bf16 error is about rel x RMS(logits).
+    const double tau = noise_sigmas * hf_e32 * rms[i][s];
+    if (margins[i][s] > tau) {
       ++ruled;
       agree_ruled += same;
       if (!same) {
         ++violations;
         std::printf("VIOLATION prompt %zu step %d: ours %d, hf %d, margin %.4f > %.4f\n", i, s, our_token, hf_tokens[i][s],
-                    margins[i][s], margin_factor * rms[i][s]);
+                    margins[i][s], tau);
       }
     }
-    if (e > rel_bound) std::printf("REL prompt %zu step %d: %.4g > %.4g\n", i, s, e, rel_bound);
   };
   for (std::size_t i = 0; i < n; ++i) score(i, 0, engine.last_logits(i), out0.tokens[i]);
   // Teacher-forced greedy decode on HF's tokens.
@@ -156,29 +177,40 @@ int compare(const std::filesystem::path& dir, const std::filesystem::path& ref_d
       }
     }
   }
+  json per_prompt = json::array();
   for (std::size_t i = 0; i < n; ++i) {
-    per_prompt.push_back({{"prompt_tokens", prompts[i].size()}, {"prefill_rel", prefill_rel[i]},
+    per_prompt.push_back({{"prompt_tokens", prompts[i].size()}, {"prefill_rel_vs_hf_bf16", prefill_rel[i]},
+                          {"prefill_rel_vs_fp32", prefill32[i]}, {"hf_bf16_prefill_rel_vs_fp32", bf16_rel[i][0]},
                           {"first_divergence_step", first_divergence[i]}});
   }
+  const bool parity = sum32 <= parity_mean * sum_hf32 && max32 <= parity_max * max_hf32;
+  const bool within_bound = max_rel <= rel_bound;
   report["prompts"] = per_prompt;
   report["rows_compared"] = rows;
-  report["max_rel"] = max_rel;
-  report["mean_rel"] = sum_rel / rows;
-  report["greedy_agree_all_steps"] = agree_all;
-  report["steps_over_margin"] = ruled;
+  report["ours_vs_hf_bf16"] = {{"max_rel", max_rel}, {"mean_rel", sum_rel / rows}, {"within_2e-2", within_bound}};
+  report["ours_vs_fp32"] = {{"max_rel", max32}, {"mean_rel", sum32 / rows}};
+  report["hf_bf16_vs_fp32"] = {{"max_rel", max_hf32}, {"mean_rel", sum_hf32 / rows}};
+  report["parity"] = parity;
+  report["greedy_agree_all_rows"] = agree_all;
+  report["rows_over_margin"] = ruled;
   report["agree_over_margin"] = agree_ruled;
   report["violations"] = violations;
+  report["nonfinite"] = nonfinite;
   report["graph_steps"] = engine.graph_steps();
-  const bool pass = violations == 0 && max_rel <= rel_bound;
+  const bool pass = violations == 0 && nonfinite == 0 && parity;
   report["pass"] = pass;
   std::ofstream(out_file) << report.dump(1) << "\n";
-  std::printf("e2e vs HF bf16: %d logits rows (prefill + %d teacher-forced decode steps x %zu prompts)\n", rows, steps, n);
+  std::printf("e2e vs HF: %d logits rows (prefill + %d teacher-forced decode steps x %zu prompts)\n", rows, steps, n);
   for (std::size_t i = 0; i < n; ++i) {
-    std::printf("  prompt %zu (%zu tokens): prefill rel %.3g, first greedy divergence at step %d\n", i, prompts[i].size(),
-                prefill_rel[i], first_divergence[i]);
+    std::printf("  prompt %zu (%zu tokens): prefill rel vs HF bf16 %.3g, vs fp32 %.3g (HF bf16 vs fp32 %.3g); first greedy "
+                "divergence at step %d\n",
+                i, prompts[i].size(), prefill_rel[i], prefill32[i], bf16_rel[i][0], first_divergence[i]);
   }
-  std::printf("  max rel %.3g, mean rel %.3g (bound %.0e); argmax = HF on %d/%d rows, on %d/%d rows over the margin rule\n",
-              max_rel, sum_rel / rows, rel_bound, agree_all, rows, agree_ruled, ruled);
+  std::printf("  ours vs HF bf16: max %.3g, mean %.3g (2e-2 bound %s)\n", max_rel, sum_rel / rows, within_bound ? "met" : "NOT met");
+  std::printf("  ours vs fp32: max %.3g, mean %.3g; HF bf16 vs fp32: max %.3g, mean %.3g (parity %s)\n", max32, sum32 / rows,
+              max_hf32, sum_hf32 / rows, parity ? "holds" : "FAILS");
+  std::printf("  argmax = HF greedy on %d/%d rows; on %d/%d rows whose margin exceeds %.0f sigma of bf16 noise\n", agree_all,
+              rows, agree_ruled, ruled, noise_sigmas);
   std::printf("E2E %s\n", pass ? "PASS" : "FAIL");
   return pass ? 0 : 1;
 }

@@ -174,15 +174,18 @@ TEST_CASE("gemm matches fp32 accumulation on the skinny and cuBLASLt paths, with
   std::vector<shape> shapes = {
       {1, 6144, 4096, false, false, false, gemm_path::automatic},
       {3, 1000, 512, true, false, false, gemm_path::automatic},
+      {4, 1027, 1024, false, true, false, gemm_path::automatic},
+      {1, 2003, 1024, false, false, true, gemm_path::automatic},
+      {1, 4096, 14336, false, false, true, gemm_path::skinny},
+      {2, 4099, 14336, true, false, false, gemm_path::skinny},
+      {1, 5000, 4096, false, true, false, gemm_path::skinny},
       {8, 1027, 1024, false, true, false, gemm_path::automatic},
-      {5, 2000, 1024, false, false, true, gemm_path::automatic},
-      {8, 4096, 14336, false, false, true, gemm_path::skinny},
       {4, 512, 256, false, false, false, gemm_path::cublaslt},
       {37, 6144, 512, true, false, false, gemm_path::automatic},
       {256, 512, 4096, false, false, false, gemm_path::automatic},
       {64, 1003, 1024, false, true, false, gemm_path::automatic},
   };
-  if (small_sweep()) shapes.resize(4);
+  if (small_sweep()) shapes.resize(5);
   for (const shape& s : shapes) {
     const uint32_t ldx = s.swiglu ? 2 * s.k : s.k;
     const auto x = random_bf16(uint64_t{s.m} * ldx, rng, 1.0f);
@@ -252,11 +255,12 @@ TEST_CASE("prefill_attention matches causal softmax attention over paged KV, GQA
     int start, rows;
   };
   std::vector<std::vector<seq>> batches = {{{0, 1}}, {{0, 77}, {100, 64}, {513, 200}, {3, 5}}, {{0, 300}}};
-  std::vector<shape> shapes = {{32, 8, 16}, {12, 2, 32}, {28, 4, 16}};
+  std::vector<shape> shapes = {{32, 8, 16}, {12, 2, 32}, {28, 4, 8}};
   if (small_sweep()) {
     batches = {{{0, 70}, {40, 9}}};
     shapes = {{8, 2, 16}};
   }
+  for (uint32_t variant : {0u, 1u}) {
   for (const shape& sh : shapes) {
     for (const auto& batch : batches) {
       std::vector<int> lens;
@@ -284,6 +288,7 @@ TEST_CASE("prefill_attention matches causal softmax attention over paged KV, GQA
       p.heads = sh.heads;
       p.kv_heads = sh.kv_heads;
       p.scale = 1.0f / std::sqrt(128.0f);
+      p.variant = variant;
       prefill_attention_params g = p;
       g.q = dq.get();
       g.out = dout.get();
@@ -303,10 +308,12 @@ TEST_CASE("prefill_attention matches causal softmax attention over paged KV, GQA
       r.seq_start = seq_start.data();
       r.seq_table = ps.table_at.data();
       prefill_attention_reference(r);
-      INFO("heads " << sh.heads << "/" << sh.kv_heads << " block_tokens " << sh.block_tokens << " rows " << rows);
+      INFO("variant " << variant << " heads " << sh.heads << "/" << sh.kv_heads << " block_tokens " << sh.block_tokens
+                       << " rows " << rows);
       // Bound 1e-2: probabilities rounded to bf16 before P.V, fp32 accumulation (flash-attention numerics).
       expect(compare_bf16(dout.download(), ref), 1e-2, "prefill attention");
     }
+  }
   }
 }
 
@@ -317,13 +324,14 @@ TEST_CASE("decode_attention matches softmax attention over paged KV with and wit
     uint32_t heads, kv_heads, block_tokens;
   };
   std::vector<int> lens = {1, 5, 64, 100, 1000, 3000};
-  std::vector<shape> shapes = {{32, 8, 16}, {12, 2, 32}, {28, 4, 16}};
+  std::vector<shape> shapes = {{32, 8, 16}, {12, 2, 32}, {28, 4, 8}};
   std::vector<uint32_t> splits = {1, 16, 64};
   if (small_sweep()) {
     lens = {1, 70, 300};
     shapes = {{8, 2, 16}};
     splits = {1, 4};
   }
+  for (uint32_t variant : {0u, 1u}) {
   for (const shape& sh : shapes) {
     for (uint32_t max_splits : splits) {
       paged_setup ps = make_pool(rng, sh.kv_heads, sh.block_tokens, lens);
@@ -345,6 +353,7 @@ TEST_CASE("decode_attention matches softmax attention over paged KV with and wit
       p.scale = 1.0f / std::sqrt(128.0f);
       p.max_splits = max_splits;
       p.split_min_keys = 64;
+      p.variant = variant;
       decode_attention_params g = p;
       g.q = dq.get();
       g.out = dout.get();
@@ -368,9 +377,11 @@ TEST_CASE("decode_attention matches softmax attention over paged KV with and wit
       r.seq_table = ps.table_at.data();
       r.seq_lens = lens32.data();
       decode_attention_reference(r);
-      INFO("heads " << sh.heads << "/" << sh.kv_heads << " block_tokens " << sh.block_tokens << " max_splits " << max_splits);
+      INFO("variant " << variant << " heads " << sh.heads << "/" << sh.kv_heads << " block_tokens " << sh.block_tokens
+                       << " max_splits " << max_splits);
       expect(compare_bf16(first, ref), 1e-2, "decode attention");  // bound as for prefill
     }
+  }
   }
 }
 
