@@ -97,13 +97,13 @@ if has bench && fits bench 150; then
   [ -f "$CKPT/config.json" ] || run checkpoint 300 "$BUILD/tests/cuda_e2e" write "$CKPT"
   run bench 400 "$BUILD/bench/bench_cuda_engine" "$CKPT" "$OUT/bench.json" ${GPU_CHECK_BENCH_ARGS:-}
 fi
-if has peers && fits peers 200; then
+if has peers && fits peers 360; then
   stage "PyTorch peers (shared/peers, same machine, same call)"
   if [ -d .peers ]; then
     root=$PWD
     pushd "$OUT" >/dev/null
-    run peer-graph 240 python3 "$root/.peers/torch_decode_graph.py"
-    run peer-hf 300 python3 "$root/.peers/hf_transformers.py"
+    run peer-graph 150 python3 "$root/.peers/torch_decode_graph.py"
+    run peer-hf 200 python3 "$root/.peers/hf_transformers.py"
     popd >/dev/null
   else
     echo "no .peers/ folder: copy ../shared/peers/*.py there"
