@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <ctime>
 #include <deque>
 #include <map>
@@ -340,7 +341,11 @@ void BM_cores_one_thread(benchmark::State& state) {
 deployment_config live_config(int nodes) {
   auto config = default_config();
   config.engine.time_scale = 0.0;
-  const std::string stem = "inproc://duet-cp-" + std::to_string(::getpid()) + "-";
+  // A fresh name for every cluster: ZeroMQ releases an inproc name only once its reaper has
+  // closed the socket, which can be after the next cluster wants to bind it.
+  static std::atomic<uint32_t> serial{0};
+  const std::string stem =
+      "inproc://duet-cp-" + std::to_string(::getpid()) + "-" + std::to_string(serial++) + "-";
   if (nodes == 1) {
     config.nodes.at(0).endpoint = stem + "local";
   } else {

@@ -74,7 +74,11 @@ int free_tcp_port() {
 }
 
 std::string endpoint_for(endpoint_kind kind, const std::string& tag) {
-  const std::string stem = "duet-bench-" + std::to_string(::getpid()) + "-" + tag;
+  // A fresh name every time: ZeroMQ releases an inproc name only once its reaper has closed
+  // the socket, which can be after the next benchmark wants to bind it.
+  static std::atomic<uint32_t> serial{0};
+  const std::string stem =
+      "duet-bench-" + std::to_string(::getpid()) + "-" + std::to_string(serial++) + "-" + tag;
   switch (kind) {
     case endpoint_kind::inproc:
     case endpoint_kind::local:
