@@ -218,7 +218,8 @@ void router_core::tick(int64_t now_ms) {
     if (r.state == request_state::prefilling) --workers_[r.prefill].outstanding;
     if (!r.decode.empty()) --workers_[r.decode].outstanding;
     answer_and_forget(r, msg::finish_reason::error, msg::error_code::unavailable,
-                      "worker " + holder + " stopped answering", 0);
+                      "worker " + holder + " stopped answering",
+                      r.state == request_state::decoding ? 1 : 0);  // the first token went out
   }
   ready_prefill_ = 0;
   ready_decode_ = 0;
