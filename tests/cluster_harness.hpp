@@ -7,7 +7,8 @@
 //
 // The clock is a number the caller advances (timers fire at their periods, as the actors'
 // tick/report/reclaim timers do); engine steps run explicitly; the network can drop or
-// delay messages matching a rule (fault injection); every address that is not one of the
+// delay messages matching a rule (fault injection), and a worker can be taken down as if its
+// process died; every address that is not one of the
 // cluster's actors is a client (as in the transport) and records every admitted, rejected,
 // token_batch and finish message it receives, per request.
 //
@@ -20,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -184,6 +186,7 @@ struct network_stats {
   uint64_t unroutable = 0;  // destination is not an address ("node/actor")
   uint64_t malformed = 0;   // refused by the codec at the receiver
   uint64_t unhandled = 0;   // a type the destination does not take
+  uint64_t lost_down = 0;   // to or from a worker that is down
   std::map<msg::type_id, uint64_t> delivered_by_type;
   std::map<msg::type_id, uint64_t> dropped_by_type;
 };
@@ -311,6 +314,18 @@ class cluster {
     trace_ = std::move(trace);
   }
   [[nodiscard]] const network_stats& network() const { return stats_; }
+
+  /// The worker at `address` dies: from now on it receives nothing, sends nothing (what it
+  /// had queued is lost), runs no step or timer and reports no load. Its pool is left out of
+  /// pools_full() and idle(), as a dead process's memory is.
+  void take_down(const std::string& address) {
+    auto it = routes_.find(address);
+    if (it == routes_.end() || it->second.kind == role::router || it->second.kind == role::broker) {
+      throw std::invalid_argument("cluster: only a prefill or decode worker can be taken down: " + address);
+    }
+    down_.insert(address);
+  }
+  [[nodiscard]] bool is_down(const std::string& address) const { return down_.contains(address); }
   /// Messages sent and not yet delivered (delayed ones included).
   [[nodiscard]] std::size_t in_network() const { return ready_.size() + delayed_.size(); }
 
@@ -347,10 +362,12 @@ class cluster {
   /// Runs every core's timer handler once at the current instant (and refills step budgets).
   void tick_all() {
     for (auto& p : prefills_) {
+      if (is_down(p->out().self())) continue;
       p->tick(now_);
       flush(p->out());
     }
     for (auto& d : decodes_) {
+      if (is_down(d->out().self())) continue;
       d->tick(now_);
       flush(d->out());
     }
@@ -361,8 +378,12 @@ class cluster {
 
   /// Every worker sends its load report to the router now.
   void report_load() {
-    for (auto& p : prefills_) p->out().send(router_address_, p->load());
-    for (auto& d : decodes_) d->out().send(router_address_, d->load());
+    for (auto& p : prefills_) {
+      if (!is_down(p->out().self())) p->out().send(router_address_, p->load());
+    }
+    for (auto& d : decodes_) {
+      if (!is_down(d->out().self())) d->out().send(router_address_, d->load());
+    }
     for (auto& p : prefills_) flush(p->out());
     for (auto& d : decodes_) flush(d->out());
   }
@@ -377,14 +398,14 @@ class cluster {
       release_due();
       std::vector<std::size_t> prefill_started, decode_started;
       for (std::size_t i = 0; i < prefills_.size(); ++i) {
-        if (!has_budget(prefill_budget_[i])) continue;
+        if (!has_budget(prefill_budget_[i]) || is_down(prefills_[i]->out().self())) continue;
         if (prefills_[i]->begin_step(now_)) {
           prefill_started.push_back(i);
           --prefill_budget_[i];
         }
       }
       for (std::size_t i = 0; i < decodes_.size(); ++i) {
-        if (!has_budget(decode_budget_[i])) continue;
+        if (!has_budget(decode_budget_[i]) || is_down(decodes_[i]->out().self())) continue;
         if (decodes_[i]->begin_step(now_)) {
           decode_started.push_back(i);
           --decode_budget_[i];
@@ -422,13 +443,13 @@ class cluster {
 
   // ---------------------------------------------------------------- invariants
 
-  /// Every KV pool is back to full.
+  /// Every KV pool of a live worker is back to full.
   [[nodiscard]] bool pools_full() const {
     for (const auto& p : prefills_) {
-      if (p->pool().free_blocks() != p->pool().total_blocks()) return false;
+      if (!is_down(p->out().self()) && p->pool().free_blocks() != p->pool().total_blocks()) return false;
     }
     for (const auto& d : decodes_) {
-      if (d->pool().free_blocks() != d->pool().total_blocks()) return false;
+      if (!is_down(d->out().self()) && d->pool().free_blocks() != d->pool().total_blocks()) return false;
     }
     return true;
   }
@@ -439,16 +460,17 @@ class cluster {
     for (const auto& d : decodes_) n += d->pool().double_frees();
     return n;
   }
-  /// Nothing in flight anywhere: no message, no request, no handle, no sequence, no block.
+  /// Nothing in flight anywhere (workers that are down aside): no message, no request, no
+  /// handle, no sequence, no block.
   [[nodiscard]] bool idle() const {
     if (in_network() != 0 || router_->in_flight() != 0 || broker_->live_handles() != 0 || !pools_full()) return false;
     for (const auto& p : prefills_) {
       const auto l = p->load();
-      if (l.queued != 0 || l.running != 0) return false;
+      if (!is_down(l.actor) && (l.queued != 0 || l.running != 0)) return false;
     }
     for (const auto& d : decodes_) {
       const auto l = d->load();
-      if (l.queued != 0 || l.running != 0) return false;
+      if (!is_down(l.actor) && (l.queued != 0 || l.running != 0)) return false;
     }
     return true;
   }
@@ -485,6 +507,10 @@ class cluster {
     ++stats_.sent;
     if (!env) {
       ++stats_.malformed;
+      return;
+    }
+    if (is_down(env->src)) {
+      ++stats_.lost_down;
       return;
     }
     for (const auto& rule : faults_) {
@@ -525,6 +551,10 @@ class cluster {
     ++stats_.delivered;
     ++stats_.delivered_by_type[static_cast<msg::type_id>(env.type)];
     if (trace_) trace_(now_, env, frames);
+    if (is_down(q.item.dst)) {
+      ++stats_.lost_down;
+      return;
+    }
     auto it = routes_.find(q.item.dst);
     if (it == routes_.end()) {
       if (msg::parse_address(q.item.dst).empty()) {
@@ -649,6 +679,7 @@ class cluster {
   std::map<std::pair<int64_t, uint64_t>, queued> delayed_;  // (deliver at, send order)
   uint64_t sequence_ = 0;
   std::vector<fault_rule> faults_;
+  std::set<std::string> down_;
   std::function<void(int64_t, const msg::envelope&, const msg::frames&)> trace_;
   std::map<std::string, client_log> clients_;
   network_stats stats_;

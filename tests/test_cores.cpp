@@ -217,10 +217,38 @@ constexpr uint64_t l8_linear = l8_layers * (l8_attention + l8_mlp) + l8_vocab * 
 constexpr uint64_t l8_embedding = l8_vocab * l8_hidden;
 constexpr uint64_t l8_norms = l8_layers * 2 * l8_hidden + l8_hidden;  // RMSNorm weights
 
-duet::cost_model model_8b_on(const std::string& gpu, double sm_share = 1.0) {
-  return duet::cost_model(*duet::find_model_shape("r1-distill-llama-8b"), *duet::find_gpu_spec(gpu), sm_share);
+/// The H200 as its data sheet states it (dense bf16, HBM3e) with the table's efficiencies and
+/// no measured calibration, so these tests check the roofline itself.
+duet::gpu_spec h200_spec_sheet() {
+  duet::gpu_spec g;
+  g.name = "h200";
+  g.bf16_flops = 989e12;
+  g.memory_bandwidth = 4.8e12;
+  g.memory_bytes = 141e9;
+  g.sms = 132;
+  g.gemm_efficiency = 0.70;
+  g.bandwidth_efficiency = 0.89;
+  g.step_overhead_s = 30e-6;
+  return g;
+}
+
+duet::cost_model model_8b_on_h200(double sm_share = 1.0) {
+  return duet::cost_model(*duet::find_model_shape("r1-distill-llama-8b"), h200_spec_sheet(), sm_share);
 }
 }  // namespace
+
+TEST_CASE("the H200 entry carries its data sheet's peaks and the measured efficiencies") {
+  const auto g = duet::find_gpu_spec("h200");
+  REQUIRE(g.has_value());
+  const auto sheet = h200_spec_sheet();
+  CHECK(g->bf16_flops == sheet.bf16_flops);
+  CHECK(g->memory_bandwidth == sheet.memory_bandwidth);
+  CHECK(g->memory_bytes == sheet.memory_bytes);
+  CHECK(g->sms == sheet.sms);
+  CHECK(g->gemm_efficiency == sheet.gemm_efficiency);
+  CHECK(g->bandwidth_efficiency == sheet.bandwidth_efficiency);
+  CHECK(g->step_overhead_s == sheet.step_overhead_s);
+}
 
 TEST_CASE("the 8B shape's parameter counts match its published config") {
   // 8,030,261,248 is the published total: linear layers, the embedding and the norms.
@@ -235,7 +263,7 @@ TEST_CASE("the 8B shape's parameter counts match its published config") {
 }
 
 TEST_CASE("a decode step of the 8B shape at batch 1 and 1024 tokens on an H200 costs its bytes over the achieved bandwidth") {
-  const auto costs = model_8b_on("h200");
+  const auto costs = model_8b_on_h200();
   const double weights = double((l8_linear + l8_embedding) * 2);
   const double kv = 1024.0 * double(2 * l8_layers * l8_kv_heads * l8_head_dim * 2);
   const double expected = (weights + kv) / (4.8e12 * 0.89) + 30e-6;
@@ -244,11 +272,11 @@ TEST_CASE("a decode step of the 8B shape at batch 1 and 1024 tokens on an H200 c
 }
 
 TEST_CASE("a decode step of an empty batch costs nothing") {
-  CHECK(model_8b_on("h200").decode_seconds(0, 0) == 0.0);
+  CHECK(model_8b_on_h200().decode_seconds(0, 0) == 0.0);
 }
 
 TEST_CASE("prefill time grows with the chunk and with the context before it") {
-  const auto costs = model_8b_on("h200");
+  const auto costs = model_8b_on_h200();
   auto prefill = [&](uint32_t tokens, uint32_t prior) {
     return costs.prefill_seconds(tokens, costs.chunk_attention_flops(tokens, prior));
   };
@@ -264,8 +292,8 @@ TEST_CASE("prefill time grows with the chunk and with the context before it") {
 }
 
 TEST_CASE("a share of the SMs below one slows compute") {
-  const auto full = model_8b_on("h200", 1.0);
-  const auto half = model_8b_on("h200", 0.5);
+  const auto full = model_8b_on_h200(1.0);
+  const auto half = model_8b_on_h200(0.5);
   const double overhead = full.gpu().step_overhead_s;
   const double attention = full.chunk_attention_flops(2048, 0);
   const double t_full = full.prefill_seconds(2048, attention) - overhead;
@@ -439,8 +467,11 @@ struct router_fixture {
     core->on_prefill_done(msg::prefill_done{seq_id, seq_id, first_token, 3, 77});
     return core->out().take();
   }
-  std::vector<outgoing> tick(int64_t at) {
+  /// Moves the clock to `at` and runs the router's timer; live workers report their load
+  /// first, as they do every 100 ms in a real deployment.
+  std::vector<outgoing> tick(int64_t at, bool workers_report = true) {
     now = at;
+    if (workers_report) report_all();
     core->tick(now);
     return core->out().take();
   }
@@ -812,6 +843,34 @@ TEST_CASE("a prefill that finishes after the deadline's cancel ends the request 
   CHECK(f[0].body.reason == msg::finish_reason::timeout);
   CHECK(f[0].body.code == msg::error_code::timeout);
   CHECK(r.total_outstanding() == 0);
+}
+
+TEST_CASE("a request whose worker stopped reporting fails at once with unavailable") {
+  router_fixture r;
+  const uint64_t seq = router_fixture::seq_of(r.submit(1, {1, 2}, with_max_new(10)));
+  std::vector<outgoing> sent;
+  SUBCASE("at prefill") {
+    CHECK(count_of<msg::finish>(r.tick(r.now + 3000, false)) == 0);
+    sent = r.tick(r.now + 1, false);
+    CHECK(count_of<msg::kv_drop>(sent) == 0);
+    CHECK(messages_of<msg::finish>(sent).at(0).body.completion_tokens == 0);
+  }
+  SUBCASE("at decode") {
+    (void)r.prefill_done(seq);
+    r.report(r.prefills[0]);
+    sent = r.tick(r.now + 3001, false);
+    auto drop = messages_of<msg::kv_drop>(sent);
+    REQUIRE(drop.size() == 1);
+    CHECK(drop[0].body.handle_id == seq);
+    CHECK(messages_of<msg::finish>(sent).at(0).body.completion_tokens == 1);  // the first token went out
+  }
+  auto f = messages_of<msg::finish>(sent);
+  REQUIRE(f.size() == 1);
+  CHECK(f[0].body.reason == msg::finish_reason::error);
+  CHECK(f[0].body.code == msg::error_code::unavailable);
+  CHECK(r.core->in_flight() == 0);
+  CHECK(r.total_outstanding() == 0);
+  CHECK(r.core->counters().at("orphaned") == 1);
 }
 
 TEST_CASE("a stage failure from a worker that does not hold the request is ignored") {
@@ -2016,6 +2075,46 @@ TEST_CASE("a message to something that is not an address is counted as unroutabl
   c.settle();
   CHECK(c.network().unroutable == 1);
   CHECK(c.clients().empty());
+}
+
+TEST_CASE("when a worker dies its requests end once with unavailable and the live pools return to full") {
+  cluster_options o;
+  o.prefill_workers = 2;
+  o.decode_workers = 2;
+  o.prefill.chunk_tokens = 256;  // prompts stay in prefill for a while
+  o.steps_per_tick = 1;
+  cluster c(o);
+  std::string victim;
+  SUBCASE("a decode worker") { victim = c.decode_address(1); }
+  SUBCASE("a prefill worker") { victim = c.prefill_address(1); }
+  CAPTURE(victim);
+  for (uint64_t id = 1; id <= 30; ++id) c.submit(id, prompt_of(40 + id * 31, uint32_t(id)), with_max_new(40));
+  c.advance(200);
+  c.take_down(victim);
+  c.advance(4000);  // the router notices after worker_timeout_ms without a load report
+  for (uint64_t id = 31; id <= 40; ++id) c.submit(id, prompt_of(40, uint32_t(id)), with_max_new(5));
+  REQUIRE(c.run_until_idle(60000));
+  int unavailable = 0;
+  for (uint64_t id = 1; id <= 40; ++id) {
+    CAPTURE(id);
+    const auto& r = c.request(id);
+    REQUIRE(r.finals() == 1);
+    REQUIRE(r.finishes.size() == 1);
+    const auto& f = r.finishes[0];
+    if (f.code == msg::error_code::unavailable) {
+      ++unavailable;
+      // The router counts only the first token, which it sent itself; a dead decode worker
+      // may have streamed more before it died.
+      CHECK(f.completion_tokens <= r.tokens.size());
+    } else {
+      CHECK(f.reason == msg::finish_reason::length);
+      CHECK(f.completion_tokens == r.tokens.size());
+    }
+    if (id > 30) CHECK(f.reason == msg::finish_reason::length);  // placed on live workers only
+  }
+  CHECK(unavailable > 0);
+  CHECK(c.router().counters().at("orphaned") == uint64_t(unavailable));
+  check_clean(c);
 }
 
 TEST_CASE("a rejected request gets exactly one rejection through the cluster") {
