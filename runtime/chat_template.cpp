@@ -71,8 +71,8 @@ char32_t next_cp(std::string_view s, std::size_t& i) {
     }
     cp = (cp << 6) | (b & 0x3F);
   }
-  const bool overlong = (len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) ||
-                        (len == 4 && cp < 0x10000);
+  const bool overlong =
+      (len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000);
   if (overlong || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
     ++i;
     return 0xDC00 + b0;
@@ -124,7 +124,9 @@ std::size_t cp_count(std::string_view s) {
   return n;
 }
 
-bool valid_cp(char32_t cp) { return cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF); }
+bool valid_cp(char32_t cp) {
+  return cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+}
 
 utf8proc_category_t category(char32_t cp) {
   if (!valid_cp(cp)) return UTF8PROC_CATEGORY_CS;
@@ -169,7 +171,9 @@ bool is_cased(char32_t cp) {
   return c == UTF8PROC_CATEGORY_LU || c == UTF8PROC_CATEGORY_LL || c == UTF8PROC_CATEGORY_LT;
 }
 
-bool is_digit(char32_t cp) { return category(cp) == UTF8PROC_CATEGORY_ND; }
+bool is_digit(char32_t cp) {
+  return category(cp) == UTF8PROC_CATEGORY_ND;
+}
 
 char32_t to_upper(char32_t cp) {
   return valid_cp(cp) ? static_cast<char32_t>(utf8proc_toupper(static_cast<utf8proc_int32_t>(cp)))
@@ -231,20 +235,37 @@ std::string py_capitalize(std::string_view s) {
   return out;
 }
 
-// str.strip / lstrip / rstrip: with chars absent, Python whitespace.
+// The byte offset where the code point that ends at `end` starts (as next_cp decodes it).
+std::size_t prev_cp_start(std::string_view s, std::size_t end) {
+  std::size_t i = end - 1;
+  for (int back = 0; i > 0 && back < 3 && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80; ++back)
+    --i;
+  std::size_t j = i;
+  next_cp(s, j);
+  return j == end ? i : end - 1;
+}
+
+// str.strip / lstrip / rstrip: with chars absent, Python whitespace. Works on the UTF-8 bytes,
+// decoding only the characters at the edges.
 std::string py_strip(std::string_view s, const std::optional<std::u32string>& chars, bool left,
                      bool right) {
-  const std::u32string cps = decode(s);
   auto strip_it = [&](char32_t cp) {
     return chars ? chars->find(cp) != std::u32string::npos : py_isspace(cp);
   };
   std::size_t b = 0;
-  std::size_t e = cps.size();
-  if (left)
-    while (b < e && strip_it(cps[b])) ++b;
-  if (right)
-    while (e > b && strip_it(cps[e - 1])) --e;
-  return encode(std::u32string_view(cps).substr(b, e - b));
+  std::size_t e = s.size();
+  while (left && b < e) {
+    std::size_t next = b;
+    if (!strip_it(next_cp(s, next))) break;
+    b = next;
+  }
+  while (right && e > b) {
+    const std::size_t start = prev_cp_start(s, e);
+    std::size_t next = start;
+    if (!strip_it(next_cp(s, next))) break;
+    e = start;
+  }
+  return std::string(s.substr(b, e - b));
 }
 
 // Python's str.splitlines() line boundaries.
@@ -264,8 +285,7 @@ std::vector<std::string> py_splitlines(std::string_view s, bool keepends) {
     }
     std::size_t end = i + 1;
     if (cps[i] == '\r' && end < cps.size() && cps[end] == '\n') ++end;
-    lines.push_back(
-        encode(std::u32string_view(cps).substr(start, (keepends ? end : i) - start)));
+    lines.push_back(encode(std::u32string_view(cps).substr(start, (keepends ? end : i) - start)));
     start = i = end;
   }
   if (start < cps.size()) lines.push_back(encode(std::u32string_view(cps).substr(start)));
@@ -373,9 +393,7 @@ struct value {
   [[nodiscard]] bool is_int() const {
     return is_json() && (j->is_number_integer() || j->is_boolean());
   }
-  [[nodiscard]] bool is_number() const {
-    return is_json() && (j->is_number() || j->is_boolean());
-  }
+  [[nodiscard]] bool is_number() const { return is_json() && (j->is_number() || j->is_boolean()); }
   [[nodiscard]] const std::string& str() const { return j->get_ref<const std::string&>(); }
 };
 
@@ -383,6 +401,9 @@ struct value {
 struct object_ns {
   bool is_loop = false;
   std::vector<std::pair<std::string, value>> attrs;
+  // A loop object computes its attributes when read: position and the loop's items.
+  int64_t loop_index0 = 0;
+  std::shared_ptr<const std::vector<value>> loop_items;
 
   value* find(std::string_view name) {
     for (auto& [k, v] : attrs)
@@ -634,11 +655,9 @@ void py_repr(std::string& out, const json& j) {
 std::string to_str(const value& v);
 
 std::string ns_repr(const object_ns& n) {
-  if (n.is_loop) {
-    const value* index = const_cast<object_ns&>(n).find("index");
-    const value* length = const_cast<object_ns&>(n).find("length");
-    return "<LoopContext " + to_str(*index) + "/" + to_str(*length) + ">";
-  }
+  if (n.is_loop)
+    return "<LoopContext " + std::to_string(n.loop_index0 + 1) + "/" +
+           std::to_string(n.loop_items->size()) + ">";
   std::string out = "<Namespace {";
   bool first = true;
   for (const auto& [k, v] : n.attrs) {
@@ -814,7 +833,8 @@ bool py_eq(const json& a, const json& b) {
       const double y = b.is_boolean() ? (b.get<bool>() ? 1.0 : 0.0) : b.get<double>();
       return x == y;
     }
-    if (a.is_number_unsigned() && b.is_number_unsigned()) return a.get<uint64_t>() == b.get<uint64_t>();
+    if (a.is_number_unsigned() && b.is_number_unsigned())
+      return a.get<uint64_t>() == b.get<uint64_t>();
     const int64_t x = a.is_boolean() ? (a.get<bool>() ? 1 : 0) : a.get<int64_t>();
     const int64_t y = b.is_boolean() ? (b.get<bool>() ? 1 : 0) : b.get<int64_t>();
     return x == y;
@@ -971,14 +991,27 @@ class lexer {
   std::vector<std::size_t> line_starts_;
   std::size_t pos_ = 0;
   std::vector<token> tokens_;
+  mutable int where_line_ = 0;
+  mutable std::size_t where_offset_ = 0;
+  mutable std::size_t where_column_ = 1;
 
+  // Line and column (in characters) of an offset. Tokens arrive in order, so the column is
+  // counted on from the previous position when it lies on the same line.
   std::pair<int, int> where(std::size_t offset) const {
     const auto it = std::upper_bound(line_starts_.begin(), line_starts_.end(), offset);
     const std::size_t line_start = *(it - 1);
     const auto line = static_cast<int>(it - line_starts_.begin());
-    const auto column = static_cast<int>(
-        cp_count(std::string_view(src_).substr(line_start, offset - line_start)) + 1);
-    return {line, column};
+    std::size_t from = line_start;
+    std::size_t column = 1;
+    if (line == where_line_ && offset >= where_offset_) {
+      from = where_offset_;
+      column = where_column_;
+    }
+    column += cp_count(std::string_view(src_).substr(from, offset - from));
+    where_line_ = line;
+    where_offset_ = offset;
+    where_column_ = column;
+    return {line, static_cast<int>(column)};
   }
 
   [[noreturn]] void fail(const std::string& message, std::size_t offset) const {
@@ -1141,7 +1174,8 @@ class lexer {
         lex_number();
       } else if (c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) {
         std::size_t e = pos_ + 1;
-        while (e < src_.size() && (src_[e] == '_' || std::isalnum(static_cast<unsigned char>(src_[e]))))
+        while (e < src_.size() &&
+               (src_[e] == '_' || std::isalnum(static_cast<unsigned char>(src_[e]))))
           ++e;
         push(tok::name, pos_, src_.substr(pos_, e - pos_));
         pos_ = e;
@@ -1255,7 +1289,8 @@ class lexer {
       const char e = src_[i + 1];
       i += 2;
       auto hex = [&](int n) {
-        if (i + static_cast<std::size_t>(n) > src_.size()) fail("truncated \\x, \\u or \\U escape", i - 2);
+        if (i + static_cast<std::size_t>(n) > src_.size())
+          fail("truncated \\x, \\u or \\U escape", i - 2);
         uint32_t cp = 0;
         const auto res = std::from_chars(src_.data() + i, src_.data() + i + n, cp, 16);
         if (res.ptr != src_.data() + i + n) fail("truncated \\x, \\u or \\U escape", i - 2);
@@ -1365,12 +1400,12 @@ enum class ek : uint8_t {
   list,
   tuple,
   dict,
-  attr,     // args[0].name
-  item,     // args[0][args[1]]
-  slice,    // args[0][args[1]:args[2]:args[3]], absent parts null
-  call,     // args[0](args[1..], kwargs)
-  filter,   // args[0] | name(args[1..], kwargs); args[0] null in filter blocks
-  test,     // args[0] is name(args[1..], kwargs)
+  attr,    // args[0].name
+  item,    // args[0][args[1]]
+  slice,   // args[0][args[1]:args[2]:args[3]], absent parts null
+  call,    // args[0](args[1..], kwargs)
+  filter,  // args[0] | name(args[1..], kwargs); args[0] null in filter blocks
+  test,    // args[0] is name(args[1..], kwargs)
   neg,
   pos,
   not_,
@@ -1379,7 +1414,7 @@ enum class ek : uint8_t {
   compare,  // args[0] ops[0] args[1] ops[1] args[2] ...
   and_,
   or_,
-  cond      // args[0] if args[1] else args[2] (absent: undefined)
+  cond  // args[0] if args[1] else args[2] (absent: undefined)
 };
 
 struct expr;
@@ -1417,14 +1452,14 @@ using body = std::vector<std::unique_ptr<stmt>>;
 struct stmt {
   sk kind;
   int line = 0;
-  std::string text;                  // text; set_attr namespace; macro name
-  std::string attr;                  // set_attr attribute
-  std::vector<std::string> targets;  // for and set targets
-  expr_ptr e;                        // output, set value, for iterable
-  expr_ptr cond;                     // for's filter
-  std::vector<std::pair<expr_ptr, body>> branches;  // if / elif
-  body inner;                                       // for, set_block, macro, filter_block
-  body else_body;                                   // if, for
+  std::string text;                                      // text; set_attr namespace; macro name
+  std::string attr;                                      // set_attr attribute
+  std::vector<std::string> targets;                      // for and set targets
+  expr_ptr e;                                            // output, set value, for iterable
+  expr_ptr cond;                                         // for's filter
+  std::vector<std::pair<expr_ptr, body>> branches;       // if / elif
+  body inner;                                            // for, set_block, macro, filter_block
+  body else_body;                                        // if, for
   std::vector<std::pair<std::string, expr_ptr>> params;  // macro parameters and defaults
   std::vector<expr_ptr> filters;  // set_block / filter_block: filter nodes with a null input
 };
@@ -1448,6 +1483,17 @@ class parser {
   std::size_t i_ = 0;
   std::vector<std::string> open_blocks_;  // innermost last, for error messages
   int loop_depth_ = 0;
+  // Expression and block nesting, bounded so that hostile input cannot exhaust the stack.
+  int nesting_ = 0;
+  static constexpr int max_nesting = 256;
+
+  struct nesting_guard {
+    parser& p;
+    nesting_guard(parser& owner, const token& at) : p(owner) {
+      if (++p.nesting_ > max_nesting) fail_at(at, "template nested too deeply");
+    }
+    ~nesting_guard() { --p.nesting_; }
+  };
 
   const token& cur() const { return toks_[i_]; }
   const token& peek(std::size_t n = 1) const { return toks_[std::min(i_ + n, toks_.size() - 1)]; }
@@ -1537,6 +1583,7 @@ class parser {
 
   std::unique_ptr<stmt> parse_statement(std::initializer_list<std::string_view> ends) {
     const token& t = cur();
+    nesting_guard guard(*this, t);
     const std::string& name = t.text;
     if (name == "if") return parse_if();
     if (name == "for") return parse_for();
@@ -1599,8 +1646,7 @@ class parser {
     }
     if (paren) expect_op(")");
     for (const auto& n : names)
-      if (n == "true" || n == "false" || n == "none" || n == "True" || n == "False" ||
-          n == "None")
+      if (n == "true" || n == "false" || n == "none" || n == "True" || n == "False" || n == "None")
         fail_at(cur(), "can't assign to '" + n + "'");
     return names;
   }
@@ -1753,6 +1799,7 @@ class parser {
   }
 
   expr_ptr parse_condexpr() {
+    nesting_guard guard(*this, cur());
     expr_ptr e1 = parse_or();
     while (is_name("if")) {
       const int line = advance().line;
@@ -1791,6 +1838,7 @@ class parser {
   }
 
   expr_ptr parse_not() {
+    nesting_guard guard(*this, cur());
     if (is_name("not")) {
       auto n = node(ek::not_, advance().line);
       n->args.push_back(parse_not());
@@ -1875,6 +1923,7 @@ class parser {
   }
 
   expr_ptr parse_unary(bool with_filter) {
+    nesting_guard guard(*this, cur());
     expr_ptr n;
     if (is_op("-") || is_op("+")) {
       const token& t = advance();
@@ -2102,7 +2151,8 @@ class parser {
 enum class flow : uint8_t { normal, break_, continue_ };
 
 constexpr int max_call_depth = 256;
-constexpr int64_t max_range = 100000;  // Jinja's sandbox MAX_RANGE
+constexpr std::size_t max_text = std::size_t{1} << 26;  // 64 MiB: any string, or the output
+constexpr int64_t max_range = 100000;                   // Jinja's sandbox MAX_RANGE
 
 [[noreturn]] void fail(int line, const std::string& message) {
   throw chat_template_render_error(message, line);
@@ -2121,9 +2171,27 @@ value bool_value(bool b) {
   static const value f = value::of(json(false));
   return b ? t : f;
 }
-value str_value(std::string s) { return value::of(json(std::move(s))); }
-value int_value(int64_t i) { return value::of(json(i)); }
-value float_value(double d) { return value::of(json(d)); }
+// Bounds memory for templates that grow strings without end (doubling one in a loop).
+void check_size(std::size_t n, int line) {
+  if (n > max_text) fail(line, "string or output larger than 64 MiB");
+}
+
+value str_value(std::string s) {
+  return value::of(json(std::move(s)));
+}
+value int_value(int64_t i) {
+  // Loop counters and indexes: small integers are shared, not allocated each time.
+  static const std::vector<value> small = [] {
+    std::vector<value> v;
+    for (int64_t k = -1; k <= 1024; ++k) v.push_back(value::of(json(k)));
+    return v;
+  }();
+  if (i >= -1 && i <= 1024) return small[static_cast<std::size_t>(i + 1)];
+  return value::of(json(i));
+}
+value float_value(double d) {
+  return value::of(json(d));
+}
 
 // A value put inside a list or dict: it must be plain data.
 json to_json(const value& v, int line) {
@@ -2144,7 +2212,9 @@ int64_t int_arg(const value* v, int64_t fallback, int line, const char* what) {
   return as_int(*v);
 }
 
-bool bool_arg(const value* v, bool fallback) { return v ? truthy(*v) : fallback; }
+bool bool_arg(const value* v, bool fallback) {
+  return v ? truthy(*v) : fallback;
+}
 
 // Python's int(str): optional sign, digits with single underscores, surrounding whitespace.
 std::optional<int64_t> parse_py_int(std::string_view s, int base) {
@@ -2220,8 +2290,7 @@ std::vector<std::size_t> slice_indices(int64_t n, std::optional<int64_t> start,
 }
 
 // str.split / str.rsplit.
-json py_split(std::string_view s, const value* sep_v, int64_t maxsplit, bool from_right,
-              int line) {
+json py_split(std::string_view s, const value* sep_v, int64_t maxsplit, bool from_right, int line) {
   json out = json::array();
   if (!sep_v || sep_v->is_none()) {
     const std::u32string cps = decode(s);
@@ -2248,7 +2317,8 @@ json py_split(std::string_view s, const value* sep_v, int64_t maxsplit, bool fro
         words.erase(words.begin(), words.begin() + static_cast<std::ptrdiff_t>(first));
       }
     }
-    for (const auto& [b, e] : words) out.push_back(encode(std::u32string_view(cps).substr(b, e - b)));
+    for (const auto& [b, e] : words)
+      out.push_back(encode(std::u32string_view(cps).substr(b, e - b)));
     return out;
   }
   if (!sep_v->is_string()) fail(line, "must be str or None, not " + type_name(*sep_v));
@@ -2291,8 +2361,8 @@ std::string jinja_title(std::string_view s) {
   bool at_start = true;
   for (std::size_t i = 0; i < s.size();) {
     const char32_t cp = next_cp(s, i);
-    const bool sep = py_isspace(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' ||
-                     cp == '<';
+    const bool sep =
+        py_isspace(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<';
     if (sep) {
       append_cp(out, cp);
       at_start = true;
@@ -2404,7 +2474,8 @@ class renderer {
                        if (!k.empty() && k[0] == '_')
                          fail(a.line,
                               "Chat templates cannot store underscore-prefixed attributes on a "
-                              "namespace, but got '" + k + "'. Please rename the attribute.");
+                              "namespace, but got '" +
+                                  k + "'. Please rename the attribute.");
                        n->set(k, std::move(v));
                      };
                      for (const value& p : a.pos) {
@@ -2429,7 +2500,8 @@ class renderer {
                      int64_t start = 0, stop = 0, step = 1;
                      for (const value& p : a.pos)
                        if (!p.is_int())
-                         fail(a.line, "'" + type_name(p) + "' object cannot be interpreted as an integer");
+                         fail(a.line,
+                              "'" + type_name(p) + "' object cannot be interpreted as an integer");
                      if (a.pos.size() == 1) {
                        stop = as_int(a.pos[0]);
                      } else {
@@ -2449,7 +2521,8 @@ class renderer {
                    }));
     g.emplace_back("strftime_now", value::of_fn("strftime_now", [](call_args& a) {
                      const value* f = a.get(0, "format");
-                     if (!f || !f->is_string()) fail(a.line, "strftime_now() takes a format string");
+                     if (!f || !f->is_string())
+                       fail(a.line, "strftime_now() takes a format string");
                      const std::time_t now = std::time(nullptr);
                      std::tm tm{};
                      localtime_r(&now, &tm);
@@ -2475,9 +2548,11 @@ class renderer {
     switch (s.kind) {
       case sk::text:
         out += s.text;
+        check_size(out.size(), s.line);
         return flow::normal;
       case sk::output:
         out += to_str(eval(*s.e));
+        check_size(out.size(), s.line);
         return flow::normal;
       case sk::if_:
         for (const auto& [cond, b] : s.branches)
@@ -2495,7 +2570,8 @@ class renderer {
         if (!s.attr.empty() && s.attr[0] == '_')
           fail(s.line,
                "Chat templates cannot store underscore-prefixed attributes on a namespace, but "
-               "got '" + s.attr + "'. Please rename the attribute.");
+               "got '" +
+                   s.attr + "'. Please rename the attribute.");
         target.ns->set(s.attr, eval(*s.e));
         return flow::normal;
       }
@@ -2538,52 +2614,35 @@ class renderer {
     }
     std::vector<value> items = iterate(v, line);
     if (items.size() != targets.size())
-      fail(line, items.size() < targets.size()
-                     ? "not enough values to unpack (expected " + std::to_string(targets.size()) +
-                           ", got " + std::to_string(items.size()) + ")"
-                     : "too many values to unpack (expected " + std::to_string(targets.size()) +
-                           ")");
+      fail(line,
+           items.size() < targets.size()
+               ? "not enough values to unpack (expected " + std::to_string(targets.size()) +
+                     ", got " + std::to_string(items.size()) + ")"
+               : "too many values to unpack (expected " + std::to_string(targets.size()) + ")");
     for (std::size_t i = 0; i < targets.size(); ++i) sc.set(targets[i], std::move(items[i]));
   }
 
   flow exec_for(const stmt& s, scope& sc, std::string& out) {
-    std::vector<value> items = iterate(eval(*s.e), s.line);
+    auto items = std::make_shared<std::vector<value>>(iterate(eval(*s.e), s.line));
     if (s.cond) {
       std::vector<value> kept;
-      for (auto& item : items) {
+      for (auto& item : *items) {
         scope probe{{}, &sc};
         assign(probe, s.targets, item, s.line);
         scope_guard guard(*this, &probe);
         if (truthy(eval(*s.cond))) kept.push_back(std::move(item));
       }
-      items = std::move(kept);
+      *items = std::move(kept);
     }
-    if (items.empty()) return exec(s.else_body, sc, out);
-    const auto n = static_cast<int64_t>(items.size());
+    if (items->empty()) return exec(s.else_body, sc, out);
+    const auto n = static_cast<int64_t>(items->size());
     for (int64_t i = 0; i < n; ++i) {
       scope iteration{{}, &sc};
-      assign(iteration, s.targets, items[static_cast<std::size_t>(i)], s.line);
+      assign(iteration, s.targets, (*items)[static_cast<std::size_t>(i)], s.line);
       auto loop = std::make_shared<object_ns>();
       loop->is_loop = true;
-      loop->attrs = {
-          {"index", int_value(i + 1)},
-          {"index0", int_value(i)},
-          {"revindex", int_value(n - i)},
-          {"revindex0", int_value(n - i - 1)},
-          {"first", bool_value(i == 0)},
-          {"last", bool_value(i == n - 1)},
-          {"length", int_value(n)},
-          {"depth", int_value(1)},
-          {"depth0", int_value(0)},
-          {"previtem", i > 0 ? items[static_cast<std::size_t>(i - 1)]
-                             : value::undefined("there is no previous item")},
-          {"nextitem", i + 1 < n ? items[static_cast<std::size_t>(i + 1)]
-                                 : value::undefined("there is no next item")},
-      };
-      loop->attrs.emplace_back("cycle", value::of_fn("cycle", [i](call_args& a) {
-                                 if (a.pos.empty()) fail(a.line, "no items for cycling given");
-                                 return a.pos[static_cast<std::size_t>(i) % a.pos.size()];
-                               }));
+      loop->loop_index0 = i;
+      loop->loop_items = items;
       iteration.set("loop", value::of_ns(std::move(loop)));
       const flow f = exec(s.inner, iteration, out);
       if (f == flow::break_) break;
@@ -2593,8 +2652,8 @@ class renderer {
 
   value call_macro(const stmt& m, call_args& a) {
     if (a.pos.size() > m.params.size())
-      fail(a.line, "macro '" + m.text + "' takes not more than " +
-                       std::to_string(m.params.size()) + " argument(s)");
+      fail(a.line, "macro '" + m.text + "' takes not more than " + std::to_string(m.params.size()) +
+                       " argument(s)");
     for (const auto& [k, v] : a.kw) {
       const auto it = std::find_if(m.params.begin(), m.params.end(),
                                    [&](const auto& p) { return p.first == k; });
@@ -2681,7 +2740,10 @@ class renderer {
         return binary(e.name, eval(*e.args[0]), eval(*e.args[1]), e.line);
       case ek::concat: {
         std::string out;
-        for (const auto& a : e.args) out += to_str(eval(*a));
+        for (const auto& a : e.args) {
+          out += to_str(eval(*a));
+          check_size(out.size(), e.line);
+        }
         return str_value(std::move(out));
       }
       case ek::compare: {
@@ -2741,15 +2803,15 @@ class renderer {
     if (obj.is_string()) {
       const std::u32string cps = decode(obj.str());
       std::u32string out;
-      for (std::size_t i : slice_indices(static_cast<int64_t>(cps.size()), bounds[0], bounds[1],
-                                         bounds[2], e.line))
+      for (std::size_t i :
+           slice_indices(static_cast<int64_t>(cps.size()), bounds[0], bounds[1], bounds[2], e.line))
         out.push_back(cps[i]);
       return str_value(encode(out));
     }
     if (obj.is_array()) {
       json out = json::array();
-      for (std::size_t i : slice_indices(static_cast<int64_t>(obj.j->size()), bounds[0],
-                                         bounds[1], bounds[2], e.line))
+      for (std::size_t i : slice_indices(static_cast<int64_t>(obj.j->size()), bounds[0], bounds[1],
+                                         bounds[2], e.line))
         out.push_back((*obj.j)[i]);
       return value::of(std::move(out));
     }
@@ -2762,6 +2824,7 @@ class renderer {
       case vkind::undefined:
         fail_undefined(line, obj);
       case vkind::ns:
+        if (obj.ns->is_loop) return loop_attr(*obj.ns, name);
         if (value* v = obj.ns->find(name)) return *v;
         return value::undefined("'" + type_name(obj) + "' object has no attribute '" + name + "'");
       case vkind::function:
@@ -2775,6 +2838,33 @@ class renderer {
       if (it != obj.j->end()) return obj.child(&*it);
     }
     return value::undefined("'" + type_name(obj) + " object' has no attribute '" + name + "'");
+  }
+
+  static value loop_attr(const object_ns& loop, const std::string& name) {
+    const int64_t i = loop.loop_index0;
+    const auto& items = *loop.loop_items;
+    const auto n = static_cast<int64_t>(items.size());
+    if (name == "index") return int_value(i + 1);
+    if (name == "index0") return int_value(i);
+    if (name == "revindex") return int_value(n - i);
+    if (name == "revindex0") return int_value(n - i - 1);
+    if (name == "first") return bool_value(i == 0);
+    if (name == "last") return bool_value(i == n - 1);
+    if (name == "length") return int_value(n);
+    if (name == "depth") return int_value(1);
+    if (name == "depth0") return int_value(0);
+    if (name == "previtem")
+      return i > 0 ? items[static_cast<std::size_t>(i - 1)]
+                   : value::undefined("there is no previous item");
+    if (name == "nextitem")
+      return i + 1 < n ? items[static_cast<std::size_t>(i + 1)]
+                       : value::undefined("there is no next item");
+    if (name == "cycle")
+      return value::of_fn("cycle", [i](call_args& a) {
+        if (a.pos.empty()) fail(a.line, "no items for cycling given");
+        return a.pos[static_cast<std::size_t>(i) % a.pos.size()];
+      });
+    return value::undefined("'LoopContext' object has no attribute '" + name + "'");
   }
 
   // obj[key]: an item first, then an attribute of that name (Jinja's getitem).
@@ -2850,7 +2940,10 @@ class renderer {
       }
     }
     if (op == "+") {
-      if (l.is_string() && r.is_string()) return str_value(l.str() + r.str());
+      if (l.is_string() && r.is_string()) {
+        check_size(l.str().size() + r.str().size(), line);
+        return str_value(l.str() + r.str());
+      }
       if (l.is_array() && r.is_array()) {
         json out = *l.j;
         for (const auto& x : *r.j) out.push_back(x);
@@ -2917,8 +3010,8 @@ class renderer {
     if (!(seq->is_string() || seq->is_array()) || !count->is_int()) return unsupported();
     const int64_t n = as_int(*count);
     const std::size_t unit = seq->is_string() ? seq->str().size() : seq->j->size();
-    if (n > 0 && static_cast<double>(n) * static_cast<double>(unit) > 1e8)
-      fail(line, "repetition result too large");
+    if (n > 0 && static_cast<double>(n) * static_cast<double>(unit) > static_cast<double>(max_text))
+      fail(line, "string or output larger than 64 MiB");
     if (seq->is_string()) {
       std::string out;
       for (int64_t i = 0; i < n; ++i) out += seq->str();
@@ -3048,17 +3141,17 @@ class renderer {
 
   static bool has_method(const json& j, std::string_view name) {
     static constexpr std::string_view str_methods[] = {
-        "strip",   "lstrip",  "rstrip", "split",   "rsplit",  "splitlines", "startswith",
-        "endswith", "replace", "upper",  "lower",   "title",   "capitalize", "swapcase",
-        "find",    "rfind",   "index",  "rindex",  "count",   "join",       "isdigit",
-        "isalpha", "isalnum", "isspace", "isupper", "islower", "format",     "removeprefix",
-        "removesuffix", "zfill", "center", "ljust", "rjust"};
-    static constexpr std::string_view dict_methods[] = {
-        "items", "keys", "values", "get", "copy", "pop", "popitem", "update", "setdefault",
-        "clear"};
-    static constexpr std::string_view list_methods[] = {
-        "index", "count", "copy", "append", "extend", "insert", "pop", "remove", "reverse", "sort",
-        "clear"};
+        "strip",        "lstrip",  "rstrip",  "split",   "rsplit",  "splitlines", "startswith",
+        "endswith",     "replace", "upper",   "lower",   "title",   "capitalize", "swapcase",
+        "find",         "rfind",   "index",   "rindex",  "count",   "join",       "isdigit",
+        "isalpha",      "isalnum", "isspace", "isupper", "islower", "format",     "removeprefix",
+        "removesuffix", "zfill",   "center",  "ljust",   "rjust"};
+    static constexpr std::string_view dict_methods[] = {"items",      "keys", "values",  "get",
+                                                        "copy",       "pop",  "popitem", "update",
+                                                        "setdefault", "clear"};
+    static constexpr std::string_view list_methods[] = {"index",   "count",  "copy", "append",
+                                                        "extend",  "insert", "pop",  "remove",
+                                                        "reverse", "sort",   "clear"};
     auto in = [&](const auto& names) {
       return std::find(std::begin(names), std::end(names), name) != std::end(names);
     };
@@ -3069,7 +3162,8 @@ class renderer {
   }
 
   value bound_method(const value& self, const std::string& name) {
-    return value::of_fn(name, [this, self, name](call_args& a) { return call_method(self, name, a); });
+    return value::of_fn(name,
+                        [this, self, name](call_args& a) { return call_method(self, name, a); });
   }
 
   value call_method(const value& self, const std::string& name, call_args& a) {
@@ -3141,10 +3235,11 @@ class renderer {
   value call_str_method(const std::string& s, const std::string& name, call_args& a) {
     const int line = a.line;
     if (name == "strip" || name == "lstrip" || name == "rstrip")
-      return str_value(py_strip(s, chars_arg(a.get(0, "chars"), line), name != "rstrip",
-                                name != "lstrip"));
+      return str_value(
+          py_strip(s, chars_arg(a.get(0, "chars"), line), name != "rstrip", name != "lstrip"));
     if (name == "split" || name == "rsplit")
-      return value::of(py_split(s, a.get(0, "sep"), int_arg(a.get(1, "maxsplit"), -1, line, "maxsplit"),
+      return value::of(py_split(s, a.get(0, "sep"),
+                                int_arg(a.get(1, "maxsplit"), -1, line, "maxsplit"),
                                 name == "rsplit", line));
     if (name == "splitlines") {
       json out = json::array();
@@ -3161,7 +3256,8 @@ class renderer {
       const value* repl = a.get(1, "new");
       if (!old || !repl || !old->is_string() || !repl->is_string())
         fail(line, "replace() takes two str arguments");
-      return str_value(py_replace(s, old->str(), repl->str(), int_arg(a.get(2, "count"), -1, line, "count")));
+      return str_value(
+          py_replace(s, old->str(), repl->str(), int_arg(a.get(2, "count"), -1, line, "count")));
     }
     if (name == "upper") return str_value(py_upper(s));
     if (name == "lower") return str_value(map_cps(s, to_lower));
@@ -3237,7 +3333,8 @@ class renderer {
         out = std::u32string(left, fill) + cps + std::u32string(pad - left, fill);
       } else {
         const bool sign = !cps.empty() && (cps[0] == '+' || cps[0] == '-');
-        out = (sign ? cps.substr(0, 1) : U"") + std::u32string(pad, U'0') + cps.substr(sign ? 1 : 0);
+        out =
+            (sign ? cps.substr(0, 1) : U"") + std::u32string(pad, U'0') + cps.substr(sign ? 1 : 0);
       }
       return str_value(encode(out));
     }
@@ -3289,8 +3386,9 @@ class renderer {
         if (field.empty()) {
           if (auto_index < a.pos.size()) v = &a.pos[auto_index];
           ++auto_index;
-        } else if (std::all_of(field.begin(), field.end(),
-                               [](char d) { return std::isdigit(static_cast<unsigned char>(d)); })) {
+        } else if (std::all_of(field.begin(), field.end(), [](char d) {
+                     return std::isdigit(static_cast<unsigned char>(d));
+                   })) {
           const auto k = static_cast<std::size_t>(std::stoul(field));
           if (k < a.pos.size()) v = &a.pos[k];
         } else {
@@ -3421,7 +3519,8 @@ class renderer {
     if (name == "safe") return v;
     if (name == "string") return v.is_string() ? v : str_value(to_str(v));
     if (name == "tojson") return tojson(v, a);
-    if (name == "trim") return str_value(py_strip(need_str(), chars_arg(a.get(0, "chars"), line), true, true));
+    if (name == "trim")
+      return str_value(py_strip(need_str(), chars_arg(a.get(0, "chars"), line), true, true));
     if (name == "upper") return str_value(py_upper(need_str()));
     if (name == "lower") return str_value(map_cps(need_str(), to_lower));
     if (name == "capitalize") return str_value(py_capitalize(need_str()));
@@ -3441,7 +3540,8 @@ class renderer {
     }
     if (name == "first" || name == "last") {
       std::vector<value> items = iterate(v, line);
-      if (items.empty()) return value::undefined(std::string("No ") + name + " item, sequence was empty.");
+      if (items.empty())
+        return value::undefined(std::string("No ") + name + " item, sequence was empty.");
       return name == "first" ? items.front() : items.back();
     }
     if (name == "join") {
@@ -3533,8 +3633,11 @@ class renderer {
     if (name == "indent") {
       const value* width_v = a.get(0, "width");
       std::string indention = "    ";
-      if (width_v) indention = width_v->is_string() ? width_v->str()
-                                                    : std::string(static_cast<std::size_t>(std::max<int64_t>(0, int_arg(width_v, 4, line, "width"))), ' ');
+      if (width_v)
+        indention = width_v->is_string() ? width_v->str()
+                                         : std::string(static_cast<std::size_t>(std::max<int64_t>(
+                                                           0, int_arg(width_v, 4, line, "width"))),
+                                                       ' ');
       const bool first = bool_arg(a.get(1, "first"), false);
       const bool blank = bool_arg(a.get(2, "blank"), false);
       const std::vector<std::string> lines = py_splitlines(need_str() + "\n", false);
@@ -3663,7 +3766,8 @@ class renderer {
       const value* attribute = a.get(0, "attribute");
       value total = a.get(1, "start") ? *a.get(1, "start") : int_value(0);
       for (const value& item : iterate(v, line))
-        total = binary("+", total, attribute ? get_path(item, to_str(*attribute), line) : item, line);
+        total =
+            binary("+", total, attribute ? get_path(item, to_str(*attribute), line) : item, line);
       return total;
     }
     if (name == "dictsort") {

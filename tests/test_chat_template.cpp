@@ -31,7 +31,9 @@ std::string read_file(const fs::path& path) {
   return out.str();
 }
 
-ojson read_json(const fs::path& path) { return ojson::parse(read_file(path)); }
+ojson read_json(const fs::path& path) {
+  return ojson::parse(read_file(path));
+}
 
 // Where two renderings first differ, for a readable failure.
 std::string first_difference(const std::string& got, const std::string& want) {
@@ -114,8 +116,7 @@ TEST_CASE("every model-template fixture renders byte-identical to HF apply_chat_
     }
     ++per_template[f.at("template")];
   }
-  for (const char* name :
-       {"llama3_1", "llama3_1_tools", "qwen3", "deepseek_r1_distill", "smollm2"})
+  for (const char* name : {"llama3_1", "llama3_1_tools", "qwen3", "deepseek_r1_distill", "smollm2"})
     CHECK_MESSAGE(per_template[name] >= 10, name);
 }
 
@@ -142,8 +143,8 @@ TEST_CASE("render_chat passes messages, the generation flag and bos/eos as apply
     INFO("fixture " << f.at("name").get<std::string>());
     CHECK(model_template(f.at("template"))
               .render_chat(f.at("messages"), f.at("add_generation_prompt"),
-                           tokens.value("bos_token", ""), tokens.value("eos_token", "")) ==
-          f.at("expected").get<std::string>());
+                           tokens.value("bos_token", ""),
+                           tokens.value("eos_token", "")) == f.at("expected").get<std::string>());
     ++checked;
   }
   CHECK(checked >= 20);
@@ -154,9 +155,9 @@ TEST_CASE("R1-Distill drops the reasoning of earlier assistant turns") {
     {"role": "user", "content": "Hi"},
     {"role": "assistant", "content": "<think>\nsecret plan\n</think>\n\nHello!"},
     {"role": "user", "content": "Bye"}])");
-  const std::string out = model_template("deepseek_r1_distill")
-                              .render_chat(messages, true, "<｜begin▁of▁sentence｜>",
-                                           "<｜end▁of▁sentence｜>");
+  const std::string out =
+      model_template("deepseek_r1_distill")
+          .render_chat(messages, true, "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>");
   CHECK(out.find("secret plan") == std::string::npos);
   CHECK(out ==
         "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜>\n\nHello!<｜end▁of▁sentence｜>"
@@ -165,8 +166,7 @@ TEST_CASE("R1-Distill drops the reasoning of earlier assistant turns") {
 
 TEST_CASE("raise_exception throws chat_template_exception with the message unchanged") {
   try {
-    (void)render("a{{ raise_exception('Conversation roles must alternate: ' ~ n) }}b",
-                 {{"n", 3}});
+    (void)render("a{{ raise_exception('Conversation roles must alternate: ' ~ n) }}b", {{"n", 3}});
     FAIL("no exception");
   } catch (const duet::chat_template_exception& e) {
     CHECK(std::string(e.what()) == "Conversation roles must alternate: 3");
@@ -242,8 +242,7 @@ TEST_CASE("type errors follow Python and report the line") {
   CHECK_THROWS_AS((void)render("{% set ns = namespace() %}{% set ns._hidden = 1 %}"),
                   duet::chat_template_render_error);
   CHECK_THROWS_AS((void)render("{{ [1].append(2) }}"), duet::chat_template_render_error);
-  CHECK_THROWS_AS((void)render("{{ range(1000000) | length }}"),
-                  duet::chat_template_render_error);
+  CHECK_THROWS_AS((void)render("{{ range(1000000) | length }}"), duet::chat_template_render_error);
   CHECK_THROWS_AS((void)render("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}"),
                   duet::chat_template_render_error);
 }
@@ -252,7 +251,8 @@ TEST_CASE("an ordered_json context keeps key order; a json context is sorted") {
   const duet::chat_template tpl("{{ tool | tojson }}");
   const ojson ordered = ojson::parse(R"({"tool": {"name": "f", "description": "d"}})");
   CHECK(tpl.render(ordered) == R"({"name": "f", "description": "d"})");
-  const nlohmann::json sorted = nlohmann::json::parse(R"({"tool": {"name": "f", "description": "d"}})");
+  const nlohmann::json sorted =
+      nlohmann::json::parse(R"({"tool": {"name": "f", "description": "d"}})");
   CHECK(tpl.render(sorted) == R"({"description": "d", "name": "f"})");
 }
 
@@ -275,7 +275,9 @@ TEST_CASE("one parsed template renders from several threads at once") {
   std::vector<int> ok(4, 0);
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
-      for (int i = 0; i < 200; ++i) ok[static_cast<std::size_t>(t)] += tpl.render_chat(messages, true, "", "<|im_end|>") == want;
+      for (int i = 0; i < 200; ++i)
+        ok[static_cast<std::size_t>(t)] +=
+            tpl.render_chat(messages, true, "", "<|im_end|>") == want;
     });
   }
   for (auto& th : threads) th.join();
@@ -286,4 +288,18 @@ TEST_CASE("the template source is kept as given") {
   const duet::chat_template tpl("a\r\n{{ 1 }}\n");
   CHECK(tpl.source() == "a\r\n{{ 1 }}\n");
   CHECK(tpl.render(ojson::object()) == "a\n1");
+}
+
+TEST_CASE("hostile templates end in errors, not crashes or unbounded memory") {
+  const std::string deep = std::string(2000, '(') + "1" + std::string(2000, ')');
+  const auto e = syntax_error_of([&] { (void)render("{{ " + deep + " }}"); });
+  CHECK(std::string(e.what()).find("nested too deeply") != std::string::npos);
+  CHECK(render("{{ " + std::string(40, '(') + "1" + std::string(40, ')') + " }}") == "1");
+  std::string blocks;
+  for (int i = 0; i < 1000; ++i) blocks += "{% if true %}";
+  CHECK_THROWS_AS((void)render(blocks), duet::chat_template_syntax_error);
+  CHECK_THROWS_AS((void)render("{% set ns = namespace(s='ab') %}{% for i in range(40) %}"
+                               "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}"),
+                  duet::chat_template_render_error);
+  CHECK_THROWS_AS((void)render("{{ 'x' * 100000000 }}"), duet::chat_template_render_error);
 }
