@@ -4,9 +4,11 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <cstdio>
 #include <random>
 #include <stdexcept>
 
+#include "runtime/chat_template.hpp"
 #include "runtime/config.hpp"
 #include "runtime/tokenizer.hpp"
 
@@ -471,6 +473,49 @@ std::string plain_chat_template::render(std::span<const chat_message> messages, 
   }
   if (add_generation_prompt) out += "<|assistant|>\n";
   return out;
+}
+
+struct jinja_chat_renderer::state {
+  chat_template tmpl;
+  std::string bos;
+  std::string eos;
+};
+
+jinja_chat_renderer::jinja_chat_renderer(std::string source, std::string bos_token, std::string eos_token)
+    : state_(std::make_unique<const state>(state{chat_template(std::move(source)), std::move(bos_token),
+                                                 std::move(eos_token)})) {}
+
+jinja_chat_renderer::~jinja_chat_renderer() = default;
+
+std::string jinja_chat_renderer::render(std::span<const chat_message> messages, bool add_generation_prompt) const {
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (const auto& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
+  try {
+    return state_->tmpl.render_chat(list, add_generation_prompt, state_->bos, state_->eos);
+  } catch (const chat_template_exception& e) {
+    throw std::invalid_argument(std::string("the chat template refused the messages: ") + e.what());
+  } catch (const chat_template_render_error& e) {
+    throw std::invalid_argument(std::string("the chat template failed on the messages: ") + e.what());
+  }
+}
+
+std::shared_ptr<const chat_template_renderer> make_chat_renderer(const text_codec& codec) {
+  if (const auto* t = dynamic_cast<const tokenizer_text_codec*>(&codec)) {
+    const tokenizer& tok = t->tok();
+    if (!tok.chat_template().empty()) {
+      auto token_text = [&](std::optional<int32_t> id) {
+        return id ? std::string(tok.id_to_token(*id)) : std::string();
+      };
+      try {
+        return std::make_shared<jinja_chat_renderer>(tok.chat_template(), token_text(tok.bos_id()),
+                                                     token_text(tok.eos_id()));
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "HTTP front end: the model's chat template does not parse (%s); using the plain one\n",
+                     e.what());
+      }
+    }
+  }
+  return std::make_shared<plain_chat_template>();
 }
 
 // ------------------------------------------------------------------ errors

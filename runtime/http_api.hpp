@@ -106,6 +106,28 @@ class plain_chat_template final : public chat_template_renderer {
                                    bool add_generation_prompt) const override;
 };
 
+/// The model's own Jinja chat template (runtime/chat_template.hpp), rendered as HF's
+/// apply_chat_template does. The template writes bos itself, so its text is encoded without
+/// special tokens. A template that fails on some messages (raise_exception, a render error)
+/// throws std::invalid_argument with its message: the front end answers 400.
+class jinja_chat_renderer final : public chat_template_renderer {
+ public:
+  /// Throws chat_template_syntax_error for a template that does not parse.
+  jinja_chat_renderer(std::string source, std::string bos_token, std::string eos_token);
+  ~jinja_chat_renderer() override;
+  [[nodiscard]] std::string render(std::span<const chat_message> messages,
+                                   bool add_generation_prompt) const override;
+  [[nodiscard]] bool add_special_tokens() const override { return false; }
+
+ private:
+  struct state;
+  std::unique_ptr<const state> state_;
+};
+
+/// The renderer for a codec: the tokenizer's chat template when it has one that parses,
+/// else plain_chat_template (a template that does not parse is reported on stderr).
+[[nodiscard]] std::shared_ptr<const chat_template_renderer> make_chat_renderer(const text_codec& codec);
+
 // ------------------------------------------------------------------ errors
 
 /// An error in OpenAI's shape: {"error":{"message","type","param","code"}} with a status.

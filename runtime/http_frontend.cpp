@@ -1370,7 +1370,9 @@ std::unique_ptr<http_frontend> start_node_frontend(const deployment_config& conf
   if (settings.api_key.empty()) {
     if (const char* env = std::getenv("DUET_API_KEY")) settings.api_key = env;
   }
-  auto fe = std::make_unique<http_frontend>(std::move(settings), make_text_codec(config));
+  auto codec = make_text_codec(config);
+  auto chat = make_chat_renderer(*codec);
+  auto fe = std::make_unique<http_frontend>(std::move(settings), std::move(codec), std::move(chat));
   fe->start();
   const auto fds = raise_fd_limit();
   std::fprintf(stderr, "duet node %s: OpenAI-compatible HTTP API on http://%s:%u/v1 (model %s%s; %llu fds)\n",

@@ -332,7 +332,7 @@ TEST_SUITE("http responses and framing") {
     for (const auto& head : {completion_head, chat_head}) {
       for (bool usage_null : {false, true}) {
         const duet::content_event_writer writer(head, usage_null);
-        for (const std::string text : {std::string(" <123>"), std::string("quote \" back\\slash"),
+        for (const std::string& text : {std::string(" <123>"), std::string("quote \" back\\slash"),
                                        std::string("tab\tnl\ncr\r\x01\x1f\x7f"), std::string("caf\xC3\xA9 \xE2\x82\xAC"),
                                        std::string("bad \xff\xC3 bytes"), std::string()}) {
           CAPTURE(text);
@@ -530,6 +530,28 @@ TEST_SUITE("http chat template and settings") {
     std::vector<duet::chat_message> m{{"system", "be brief"}, {"user", "hi"}};
     CHECK(t.render(m, true) == "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n");
     CHECK(t.render(m, false) == "<|system|>\nbe brief\n<|user|>\nhi\n");
+  }
+
+  TEST_CASE("a Jinja chat template renders the messages with bos and the generation prompt") {
+    duet::jinja_chat_renderer t(
+        "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+        "{% if add_generation_prompt %}<|Assistant|><think>\n{% endif %}",
+        "<s>", "</s>");
+    std::vector<duet::chat_message> m{{"system", "be brief"}, {"user", "hi"}};
+    const std::string prompt = t.render(m, true);
+    CHECK(prompt == "<s><system>be brief<user>hi<|Assistant|><think>\n");
+    CHECK_FALSE(t.add_special_tokens());
+    CHECK(duet::think_splitter::prompt_opens_think(prompt));
+  }
+
+  TEST_CASE("a template that raises an exception is a 400-worthy invalid_argument") {
+    duet::jinja_chat_renderer t("{{ raise_exception('roles must alternate') }}", "", "");
+    std::vector<duet::chat_message> m{{"user", "hi"}};
+    CHECK_THROWS_AS((void)t.render(m, true), std::invalid_argument);
+  }
+
+  TEST_CASE("the byte codec gets the plain template") {
+    CHECK(dynamic_cast<const duet::plain_chat_template*>(duet::make_chat_renderer(duet::byte_text_codec{}).get()));
   }
 
   TEST_CASE("host:port parses, with IPv6 brackets and localhost") {
