@@ -17,6 +17,7 @@
 #include "runtime/http_frontend.hpp"
 #include "runtime/load_driver.hpp"
 #include "runtime/version.hpp"
+#include "sim/cli.hpp"
 
 namespace {
 
@@ -356,6 +357,8 @@ int main(int argc, char** argv) {
   stats_cmd->add_option("--config", config_path, "deployment TOML file")->required();
   stats_cmd->add_option("--timeout-ms", stats_timeout_ms, "wait this long for replies");
 
+  duet::sim_commands sim_cmds(app);  // `duet sim` and `duet plan` (sim/cli.hpp)
+
   CLI11_PARSE(app, argc, argv);
   install_signal_handlers();
   try {
@@ -364,6 +367,7 @@ int main(int argc, char** argv) {
     if (*demo) return run_demo(config_path, burst);
     if (*client_cmd) return run_client(config_path, endpoint, router, prompt, tokens, max_new, temperature, timeout_ms);
     if (*stats_cmd) return run_stats(config_path, stats_timeout_ms);
+    if (sim_cmds.selected()) return sim_cmds.run();
   } catch (const duet::config_error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;

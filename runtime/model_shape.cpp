@@ -4,6 +4,8 @@
 #include <array>
 #include <cmath>
 
+#include "runtime/gpu_catalog.hpp"
+
 namespace duet {
 
 uint64_t model_shape::linear_params() const {
@@ -32,15 +34,29 @@ std::optional<model_shape> find_model_shape(std::string_view preset) {
   return std::nullopt;
 }
 
+double efficiency_curve::at(double shape, double fallback) const {
+  if (points.empty()) return fallback;
+  if (shape <= points.front().first) return points.front().second;
+  if (shape >= points.back().first) return points.back().second;
+  auto hi = std::lower_bound(points.begin(), points.end(), shape,
+                             [](const std::pair<double, double>& p, double x) { return p.first < x; });
+  auto lo = hi - 1;
+  const double f = (std::log(shape) - std::log(lo->first)) / (std::log(hi->first) - std::log(lo->first));
+  return lo->second + f * (hi->second - lo->second);
+}
+
 std::optional<gpu_spec> find_gpu_spec(std::string_view name) {
+  if (auto from_file = find_gpu_spec_in_file(name)) return from_file;
   // Dense bf16 peaks and HBM bandwidth from NVIDIA's data sheets; efficiencies for Hopper
   // from the H200 measurements in BASELINES.md (GEMM ~700 of 989 TFLOP/s, copy 4.28 of 4.8 TB/s).
+  // Links one way (half the data sheets' bidirectional NVLink and PCIe figures); NIC: one
+  // 400 Gb/s (Hopper) or 200 Gb/s (A100, L40S) port per GPU. config/gpus.toml cites each.
   static const std::array specs = {
-      gpu_spec{"h20", 148e12, 4.0e12, 96e9, 78, 0.85, 0.88, 30e-6},
-      gpu_spec{"h100", 989e12, 3.35e12, 80e9, 132, 0.70, 0.88, 30e-6},
-      gpu_spec{"h200", 989e12, 4.8e12, 141e9, 132, 0.70, 0.89, 30e-6},
-      gpu_spec{"a100", 312e12, 2.039e12, 80e9, 108, 0.75, 0.85, 30e-6},
-      gpu_spec{"l40s", 362e12, 0.864e12, 48e9, 142, 0.70, 0.85, 30e-6},
+      gpu_spec{"h20", 148e12, 4.0e12, 96e9, 78, 0.85, 0.88, 30e-6, 450e9, 64e9, 50e9, 0.88, {}},
+      gpu_spec{"h100", 989e12, 3.35e12, 80e9, 132, 0.70, 0.88, 30e-6, 450e9, 64e9, 50e9, 0.88, {}},
+      gpu_spec{"h200", 989e12, 4.8e12, 141e9, 132, 0.70, 0.89, 30e-6, 450e9, 64e9, 50e9, 0.88, {}},
+      gpu_spec{"a100", 312e12, 2.039e12, 80e9, 108, 0.75, 0.85, 30e-6, 300e9, 32e9, 25e9, 0.88, {}},
+      gpu_spec{"l40s", 362e12, 0.864e12, 48e9, 142, 0.70, 0.85, 30e-6, 0, 32e9, 25e9, 0.88, {}},
   };
   for (const auto& s : specs) {
     if (s.name == name) return s;
@@ -57,23 +73,38 @@ double cost_model::chunk_attention_flops(uint32_t tokens, uint32_t prior) const 
   return 4.0 * shape_.layers * shape_.heads * shape_.head_dim * pairs;
 }
 
+// GEMM and attention FLOPs each run at their own fraction of peak (one fraction each without
+// a calibration file, so the sum equals FLOPs / (peak * gemm_efficiency) as before); attention
+// efficiency is looked up at the mean number of keys per query of the step.
 double cost_model::prefill_seconds(uint64_t chunk_tokens_total, double attention_flops) const {
-  const double flops = 2.0 * double(shape_.linear_params()) * double(chunk_tokens_total) + attention_flops;
-  const double compute = flops / (gpu_.bf16_flops * gpu_.gemm_efficiency * sm_share_);
-  const double memory = double(shape_.weight_bytes()) / (gpu_.memory_bandwidth * gpu_.bandwidth_efficiency);
-  return std::max(compute, memory) + gpu_.step_overhead_s;
+  const auto& cal = gpu_.calibration;
+  const double tokens = double(chunk_tokens_total);
+  const double linear = 2.0 * double(shape_.linear_params()) * tokens;
+  const double per_pair = 4.0 * shape_.layers * shape_.heads * shape_.head_dim;
+  const double keys_per_query = tokens > 0 ? attention_flops / (per_pair * tokens) : 0.0;
+  const double peak = gpu_.bf16_flops * sm_share_;
+  const double compute = linear / (peak * cal.gemm.at(tokens, gpu_.gemm_efficiency)) +
+                         attention_flops / (peak * cal.attention.at(keys_per_query, gpu_.gemm_efficiency));
+  const double bytes = double(shape_.weight_bytes());
+  const double memory = bytes / (gpu_.memory_bandwidth * cal.memory.at(bytes, gpu_.bandwidth_efficiency));
+  return std::max(compute, memory) + cal.step_overhead_s.value_or(gpu_.step_overhead_s);
 }
 
 double cost_model::decode_seconds(uint32_t batch, uint64_t context_tokens_total) const {
   if (batch == 0) return 0.0;
-  const double flops = 2.0 * double(shape_.linear_params()) * batch +
-                       4.0 * shape_.layers * shape_.heads * shape_.head_dim * double(context_tokens_total);
+  const auto& cal = gpu_.calibration;
+  const double linear = 2.0 * double(shape_.linear_params()) * batch;
+  const double attention = 4.0 * shape_.layers * shape_.heads * shape_.head_dim * double(context_tokens_total);
   // A share of the SMs still reaches most of the bandwidth; model it as sqrt(share).
   const double bw_share = std::min(1.0, std::sqrt(sm_share_) * 1.1);
   const double bytes = double(shape_.weight_bytes()) + double(shape_.kv_bytes_per_token()) * context_tokens_total;
-  const double compute = flops / (gpu_.bf16_flops * gpu_.gemm_efficiency * sm_share_);
-  const double memory = bytes / (gpu_.memory_bandwidth * gpu_.bandwidth_efficiency * bw_share);
-  return std::max(compute, memory) + gpu_.step_overhead_s;
+  const double peak = gpu_.bf16_flops * sm_share_;
+  const double compute =
+      linear / (peak * cal.gemm.at(batch, gpu_.gemm_efficiency)) +
+      attention / (peak * cal.attention.at(double(context_tokens_total) / batch, gpu_.gemm_efficiency));
+  const double memory =
+      bytes / (gpu_.memory_bandwidth * cal.memory.at(bytes, gpu_.bandwidth_efficiency) * bw_share);
+  return std::max(compute, memory) + cal.step_overhead_s.value_or(gpu_.step_overhead_s);
 }
 
 }  // namespace duet

@@ -3,6 +3,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace duet {
 
@@ -33,6 +35,26 @@ struct model_shape {
 /// smollm2-135m, and "tiny" (a few layers, for tests). Empty when unknown.
 [[nodiscard]] std::optional<model_shape> find_model_shape(std::string_view preset);
 
+/// Measured fraction of a peak as a function of one shape quantity: points (shape, fraction)
+/// with ascending shapes, interpolated linearly in log(shape) and held flat beyond the ends.
+struct efficiency_curve {
+  std::vector<std::pair<double, double>> points;
+
+  [[nodiscard]] bool empty() const { return points.empty(); }
+  /// The fraction at `shape`; `fallback` when the curve is empty.
+  [[nodiscard]] double at(double shape, double fallback) const;
+};
+
+/// A calibration file's measurements (docs/sim.md, "Calibration files"). Empty curves leave
+/// the spec's single efficiencies in force.
+struct gpu_calibration {
+  std::string source;           // the file it came from
+  efficiency_curve gemm;        // x: tokens in the step (GEMM M); fraction of peak FLOP/s
+  efficiency_curve attention;   // x: mean keys per query; fraction of peak FLOP/s
+  efficiency_curve memory;      // x: bytes read by the step; fraction of peak bandwidth
+  std::optional<double> step_overhead_s;
+};
+
 /// A GPU's spec-sheet peaks and the fractions of them reached in practice.
 struct gpu_spec {
   std::string name;
@@ -43,9 +65,15 @@ struct gpu_spec {
   double gemm_efficiency = 0.7;       // achieved / peak for large GEMMs
   double bandwidth_efficiency = 0.88; // achieved / peak for streaming reads
   double step_overhead_s = 30e-6;     // launch and host work per engine step
+  double nvlink_bandwidth = 0;        // bytes/s one way; 0 = no NVLink
+  double pcie_bandwidth = 0;          // bytes/s one way, host link
+  double nic_bandwidth = 0;           // bytes/s one way, the network interface per GPU
+  double link_efficiency = 0.88;      // achieved / peak for large transfers on any link
+  gpu_calibration calibration;        // measured fractions of peak; empty = the fields above
 };
 
 /// H20, H100, H200, A100, L40S (docs/sim.md cites the spec sheets). Empty when unknown.
+/// Reads the GPU spec file when there is one (runtime/gpu_catalog.hpp), else the built-in table.
 [[nodiscard]] std::optional<gpu_spec> find_gpu_spec(std::string_view name);
 
 /// Roofline cost of engine steps: the larger of compute time and memory time, plus overhead.

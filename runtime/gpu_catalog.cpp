@@ -1,0 +1,256 @@
+#include "runtime/gpu_catalog.hpp"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <set>
+
+#ifndef DUET_CONFIG_DIR
+#define DUET_CONFIG_DIR ""
+#endif
+
+namespace duet {
+
+namespace {
+
+std::string where(const std::filesystem::path& file, const toml::node* node, std::string_view key) {
+  std::string out = file.string();
+  if (node && node->source().begin.line > 0) out += ":" + std::to_string(node->source().begin.line);
+  out += ": ";
+  if (!key.empty()) out += "key '" + std::string(key) + "': ";
+  return out;
+}
+
+[[noreturn]] void fail(const std::filesystem::path& file, const toml::node* node,
+                       std::string_view key, const std::string& what) {
+  throw gpu_catalog_error(where(file, node, key) + what);
+}
+
+toml::table parse_file(const std::filesystem::path& file) {
+  try {
+    return toml::parse_file(file.string());
+  } catch (const toml::parse_error& e) {
+    const auto& pos = e.source().begin;
+    throw gpu_catalog_error(file.string() + ":" + std::to_string(pos.line) + ":" +
+                            std::to_string(pos.column) +
+                            ": syntax error: " + std::string(e.description()));
+  }
+}
+
+/// A number (integer or float) that is finite and, when `positive`, above zero.
+double number(const std::filesystem::path& file, const toml::node& node, std::string_view key,
+              bool positive) {
+  std::optional<double> v;
+  if (auto f = node.as_floating_point())
+    v = f->get();
+  else if (auto i = node.as_integer())
+    v = static_cast<double>(i->get());
+  if (!v || !std::isfinite(*v)) fail(file, &node, key, "must be a finite number");
+  if (positive ? *v <= 0 : *v < 0)
+    fail(file, &node, key, positive ? "must be above 0" : "must not be negative");
+  return *v;
+}
+
+double fraction(const std::filesystem::path& file, const toml::node& node, std::string_view key) {
+  const double v = number(file, node, key, true);
+  if (v > 1.0) fail(file, &node, key, "is a fraction of peak: must be in (0, 1]");
+  return v;
+}
+
+efficiency_curve curve(const std::filesystem::path& file, const toml::node& node,
+                       std::string_view key) {
+  const auto* array = node.as_array();
+  if (!array || array->empty())
+    fail(file, &node, key, "must be a non-empty array of [shape, fraction] pairs");
+  efficiency_curve out;
+  for (const auto& item : *array) {
+    const auto* pair = item.as_array();
+    if (!pair || pair->size() != 2)
+      fail(file, &item, key, "each entry must be a [shape, fraction] pair");
+    const double shape = number(file, *pair->get(0), key, true);
+    const double f = fraction(file, *pair->get(1), key);
+    if (!out.points.empty() && shape <= out.points.back().first) {
+      fail(file, &item, key, "shapes must be strictly ascending");
+    }
+    out.points.emplace_back(shape, f);
+  }
+  return out;
+}
+
+gpu_calibration calibration_from(const toml::table& root, const std::filesystem::path& file,
+                                 std::string_view expected_gpu) {
+  static const std::set<std::string, std::less<>> keys = {
+      "gpu", "measured", "source", "step_overhead_s", "gemm", "attention", "memory"};
+  gpu_calibration cal;
+  cal.source = file.string();
+  for (const auto& [k, v] : root) {
+    if (!keys.contains(k.str())) {
+      fail(file, &v, k.str(),
+           "unknown key (known: gpu, measured, source, step_overhead_s, gemm, attention, memory)");
+    }
+  }
+  if (const auto* gpu = root.get("gpu")) {
+    const auto* text = gpu->as_string();
+    if (!text) fail(file, gpu, "gpu", "must be a string");
+    if (!expected_gpu.empty() && text->get() != expected_gpu) {
+      fail(file, gpu, "gpu",
+           "names '" + text->get() + "' but calibrates '" + std::string(expected_gpu) + "'");
+    }
+  }
+  for (const char* text_key : {"measured", "source"}) {
+    if (const auto* n = root.get(text_key); n && !n->is_string())
+      fail(file, n, text_key, "must be a string");
+  }
+  if (const auto* n = root.get("step_overhead_s"))
+    cal.step_overhead_s = number(file, *n, "step_overhead_s", false);
+  if (const auto* n = root.get("gemm")) cal.gemm = curve(file, *n, "gemm");
+  if (const auto* n = root.get("attention")) cal.attention = curve(file, *n, "attention");
+  if (const auto* n = root.get("memory")) cal.memory = curve(file, *n, "memory");
+  return cal;
+}
+
+gpu_spec spec_from(const std::string& name, const toml::table& table,
+                   const std::filesystem::path& file) {
+  gpu_spec s;
+  s.name = name;
+  struct field {
+    const char* key;
+    double* target;
+    enum { positive, non_negative, efficiency } rule;
+    bool required;
+  };
+  double sms = 0;
+  const field fields[] = {
+      {"bf16_flops", &s.bf16_flops, field::positive, true},
+      {"memory_bandwidth", &s.memory_bandwidth, field::positive, true},
+      {"memory_bytes", &s.memory_bytes, field::positive, true},
+      {"sms", &sms, field::positive, true},
+      {"gemm_efficiency", &s.gemm_efficiency, field::efficiency, false},
+      {"bandwidth_efficiency", &s.bandwidth_efficiency, field::efficiency, false},
+      {"step_overhead_s", &s.step_overhead_s, field::non_negative, false},
+      {"nvlink_bandwidth", &s.nvlink_bandwidth, field::non_negative, false},
+      {"pcie_bandwidth", &s.pcie_bandwidth, field::non_negative, false},
+      {"nic_bandwidth", &s.nic_bandwidth, field::non_negative, false},
+      {"link_efficiency", &s.link_efficiency, field::efficiency, false},
+  };
+  const std::string prefix = "gpus." + name + ".";
+  for (const auto& [k, v] : table) {
+    const bool known = k.str() == "calibration" || k.str() == "description" ||
+                       std::any_of(std::begin(fields), std::end(fields),
+                                   [&](const field& f) { return k.str() == f.key; });
+    if (!known) fail(file, &v, prefix + std::string(k.str()), "unknown key");
+  }
+  for (const auto& f : fields) {
+    const auto* node = table.get(f.key);
+    if (!node) {
+      if (f.required) fail(file, &table, prefix + f.key, "is required");
+      continue;
+    }
+    *f.target = f.rule == field::efficiency
+                    ? fraction(file, *node, prefix + f.key)
+                    : number(file, *node, prefix + f.key, f.rule == field::positive);
+  }
+  if (sms != std::floor(sms))
+    fail(file, table.get("sms"), prefix + "sms", "must be a whole number");
+  s.sms = static_cast<uint32_t>(sms);
+  if (const auto* d = table.get("description"); d && !d->is_string()) {
+    fail(file, d, prefix + "description", "must be a string");
+  }
+  std::filesystem::path cal_file;
+  if (const auto* c = table.get("calibration")) {
+    const auto* text = c->as_string();
+    if (!text || text->get().empty()) fail(file, c, prefix + "calibration", "must be a file name");
+    cal_file = file.parent_path() / text->get();
+    if (!std::filesystem::exists(cal_file)) {
+      fail(file, c, prefix + "calibration", "file " + cal_file.string() + " does not exist");
+    }
+  } else {
+    const auto beside = file.parent_path() / "calibration" / (name + ".toml");
+    if (std::filesystem::exists(beside)) cal_file = beside;
+  }
+  if (!cal_file.empty()) s.calibration = calibration_from(parse_file(cal_file), cal_file, name);
+  return s;
+}
+
+struct cache_entry {
+  std::filesystem::file_time_type mtime;
+  std::vector<gpu_spec> specs;
+};
+
+}  // namespace
+
+std::vector<gpu_spec> load_gpu_specs(const std::filesystem::path& file) {
+  const toml::table root = parse_file(file);
+  std::vector<gpu_spec> out;
+  for (const auto& [k, v] : root) {
+    if (k.str() != "gpus") fail(file, &v, k.str(), "unknown table (GPU specs go in [gpus.NAME])");
+  }
+  const auto* gpus = root.get("gpus");
+  if (!gpus) return out;
+  const auto* table = gpus->as_table();
+  if (!table) fail(file, gpus, "gpus", "must be a table of [gpus.NAME] tables");
+  for (const auto& [name, node] : *table) {
+    const auto* spec = node.as_table();
+    if (!spec) fail(file, &node, "gpus." + std::string(name.str()), "must be a table");
+    out.push_back(spec_from(std::string(name.str()), *spec, file));
+  }
+  return out;
+}
+
+gpu_calibration load_gpu_calibration(const std::filesystem::path& file) {
+  return calibration_from(parse_file(file), file, {});
+}
+
+std::filesystem::path gpu_spec_file() {
+  if (const char* env = std::getenv("DUET_GPU_SPECS"); env && *env) {
+    if (!std::filesystem::exists(env)) {
+      throw gpu_catalog_error(std::string(env) +
+                              ": DUET_GPU_SPECS names a file that does not exist");
+    }
+    return env;
+  }
+  std::error_code ec;
+  const std::filesystem::path local = "config/gpus.toml";
+  if (std::filesystem::exists(local, ec)) return local;
+  const std::string built_from = DUET_CONFIG_DIR;
+  if (!built_from.empty()) {
+    const auto tree = std::filesystem::path(built_from) / "gpus.toml";
+    if (std::filesystem::exists(tree, ec)) return tree;
+  }
+  return {};
+}
+
+std::optional<gpu_spec> find_gpu_spec_in_file(std::string_view name) {
+  const auto file = gpu_spec_file();
+  if (file.empty()) return std::nullopt;
+  static std::mutex mutex;
+  static std::map<std::filesystem::path, cache_entry> cache;
+  std::error_code ec;
+  const auto mtime = std::filesystem::last_write_time(file, ec);
+  std::lock_guard lock(mutex);
+  auto it = cache.find(file);
+  if (it == cache.end() || it->second.mtime != mtime) {
+    auto specs = load_gpu_specs(file);
+    it = cache.insert_or_assign(file, cache_entry{mtime, std::move(specs)}).first;
+  }
+  for (const auto& s : it->second.specs) {
+    if (s.name == name) return s;
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> known_gpu_names() {
+  std::vector<std::string> out = {"a100", "h100", "h20", "h200", "l40s"};
+  if (const auto file = gpu_spec_file(); !file.empty()) {
+    for (const auto& s : load_gpu_specs(file)) out.push_back(s.name);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+}  // namespace duet

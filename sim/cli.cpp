@@ -1,0 +1,406 @@
+#include "sim/cli.hpp"
+
+#include <toml++/toml.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "runtime/config.hpp"
+#include "runtime/gpu_catalog.hpp"
+#include "sim/deployment_spec.hpp"
+#include "sim/event_sim.hpp"
+#include "sim/planner.hpp"
+#include "sim/report.hpp"
+#include "sim/trace_spec.hpp"
+
+namespace duet {
+
+latency_slo parse_slo(std::string_view text) {
+  latency_slo slo;
+  std::string_view rest = text;
+  while (!rest.empty()) {
+    const auto comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    const auto eq = item.find('=');
+    if (eq == std::string_view::npos)
+      throw std::invalid_argument("SLO '" + std::string(item) + "': expected ttft=... or tpot=...");
+    const std::string_view key = item.substr(0, eq);
+    std::string_view value = item.substr(eq + 1);
+    double factor = 1;
+    if (value.ends_with("ms"))
+      factor = 1e-3, value.remove_suffix(2);
+    else if (value.ends_with("us"))
+      factor = 1e-6, value.remove_suffix(2);
+    else if (value.ends_with("s"))
+      value.remove_suffix(1);
+    double v = 0;
+    const auto r = std::from_chars(value.data(), value.data() + value.size(), v);
+    if (r.ec != std::errc{} || r.ptr != value.data() + value.size() || !(v > 0) ||
+        !std::isfinite(v)) {
+      throw std::invalid_argument("SLO '" + std::string(item) +
+                                  "': the limit must be a positive time such as 2s or 50ms");
+    }
+    if (key == "ttft")
+      slo.ttft_s = v * factor;
+    else if (key == "tpot")
+      slo.tpot_s = v * factor;
+    else
+      throw std::invalid_argument("SLO '" + std::string(item) + "': the keys are ttft and tpot");
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  return slo;
+}
+
+struct sim_commands::state {
+  CLI::App* sim = nullptr;
+  CLI::App* plan = nullptr;
+  // both
+  std::string config_path, trace, out, gpu, slo, calibration, link;
+  double rate_scale = 1.0, start_s = 0.0, duration_s = 0.0, hop_us = 50.0;
+  // sim
+  size_t max_requests = 0;
+  std::vector<std::string> deployments;
+  std::string title;
+  // plan
+  uint32_t gpus = 8;
+  uint32_t jobs = 0;
+  size_t requests = 1000;
+  double attainment = 0.9;
+  std::string shares = "0.3,0.4,0.5,0.6,0.7";
+  uint32_t top = 6;
+};
+
+namespace {
+
+bool terminal() {
+  return isatty(STDERR_FILENO) == 1;
+}
+
+std::string fmt(const char* format, auto... args) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, format, args...);
+  return buf;
+}
+
+/// The trace the command asked for: loaded, windowed, rate-scaled, limited, clipped.
+std::vector<trace_request> prepared_trace(const sim_commands::state& s,
+                                          const deployment_config& config, size_t max_requests) {
+  auto trace = load_trace_spec(s.trace);
+  trace_transform t;
+  t.window_start_s = s.start_s;
+  if (s.duration_s > 0) t.window_duration_s = s.duration_s;
+  t.rate_scale = s.rate_scale;
+  t.max_requests = max_requests;
+  t.max_context = config.model.max_context;
+  trace = apply_transform(std::move(trace), t);
+  if (trace.empty()) throw trace_error("trace '" + s.trace + "': no request in the chosen window");
+  return trace;
+}
+
+std::string trace_line(const sim_commands::state& s, std::span<const trace_request> trace) {
+  const auto stats = compute_trace_stats(trace);
+  const std::string name = s.trace.starts_with("synthetic:")
+                               ? s.trace
+                               : std::filesystem::path(s.trace).filename().string();
+  return fmt(
+      "trace %s: %zu requests over %.0f s (%.2f req/s, rate x%g), prompt mean %.0f, output mean "
+      "%.0f tokens",
+      name.c_str(), stats.count, stats.duration_s, stats.mean_rate, s.rate_scale, stats.input_mean,
+      stats.output_mean);
+}
+
+sim_options options_from(const sim_commands::state& s, const std::string& default_gpu) {
+  sim_options o;
+  o.hop_s = s.hop_us * 1e-6;
+  if (!s.calibration.empty()) {
+    const auto root = toml::parse_file(s.calibration);
+    const std::string gpu = root["gpu"].value<std::string>().value_or(default_gpu);
+    o.calibrations[gpu] = load_gpu_calibration(s.calibration);
+  }
+  return o;
+}
+
+nlohmann::json run_json(const sim_result& r, const std::string& description) {
+  nlohmann::json j;
+  j["name"] = r.name;
+  j["deployment"] = description;
+  j["gpus"] = r.gpus;
+  j["workers"] = r.worker_lines;
+  j["events"] = r.events;
+  j["simulated_s"] = r.simulated_s;
+  j["wall_s"] = r.wall_s;
+  j["cpu_s"] = r.cpu_s;
+  j["events_per_cpu_s"] = r.cpu_s > 0 ? double(r.events) / r.cpu_s : 0.0;
+  j["counters"] = r.counters;
+  const auto steps = r.counters.contains("decode.steps") ? r.counters.at("decode.steps") : 0;
+  const auto batched = r.counters.contains("decode.batched_sequences")
+                           ? r.counters.at("decode.batched_sequences")
+                           : 0;
+  j["mean_decode_batch"] = steps > 0 ? double(batched) / double(steps) : 0.0;
+  return j;
+}
+
+/// Adds the simulator's own figures to the summary.json write_report wrote.
+void annotate_summary(const report_files& files, nlohmann::json extra) {
+  nlohmann::json summary;
+  {
+    std::ifstream in(files.summary_json);
+    summary = nlohmann::json::parse(in);
+  }
+  summary["simulation"] = std::move(extra);
+  std::ofstream out(files.summary_json, std::ios::trunc);
+  out << summary.dump(2) << '\n';
+  if (!out) throw report_error("cannot write " + files.summary_json.string());
+}
+
+int run_sim(const sim_commands::state& s) {
+  const auto config = s.config_path.empty() ? default_config() : load_config(s.config_path);
+  const auto trace = prepared_trace(s, config, s.max_requests);
+  const std::string gpu = s.gpu.empty() ? config.engine.gpu : s.gpu;
+  std::vector<sim_deployment> deployments;
+  if (s.deployments.empty()) deployments.push_back(deployment_from_config(config));
+  for (const auto& spec : s.deployments)
+    deployments.push_back(parse_deployment_spec(spec, config, gpu));
+  if (!s.link.empty()) {
+    const auto link = link_kind_from_string(s.link);
+    if (!link) throw std::invalid_argument("--link must be same, nvlink, pcie or network");
+    for (auto& d : deployments) d.link = link;
+  }
+  std::set<std::string> names;
+  for (auto& d : deployments) {
+    std::string name = d.name;
+    for (int i = 2; names.contains(name); ++i) name = d.name + " #" + std::to_string(i);
+    d.name = name;
+    names.insert(name);
+  }
+  const latency_slo slo = s.slo.empty() ? latency_slo{} : parse_slo(s.slo);
+  sim_options options = options_from(s, gpu);
+  const bool tty = terminal();
+  std::vector<report_run> runs;
+  nlohmann::json sim_json;
+  sim_json["trace"] = s.trace;
+  sim_json["trace_stats"] = compute_trace_stats(trace);
+  sim_json["rate_scale"] = s.rate_scale;
+  sim_json["model"] = config.model.preset;
+  sim_json["hop_s"] = options.hop_s;
+  sim_json["runs"] = nlohmann::json::array();
+  std::printf("%s\n", trace_line(s, trace).c_str());
+  for (const auto& d : deployments) {
+    if (tty) {
+      options.progress = [&](const sim_progress& p) {
+        std::fprintf(stderr, "\r  %-24s %8.0f s simulated  %zu / %zu requests  %.1fM events ",
+                     d.name.c_str(), p.virtual_s, p.finished, p.requests, double(p.events) / 1e6);
+      };
+    }
+    auto result = run_simulation(config, d, trace, options);
+    if (tty) std::fprintf(stderr, "\r%*s\r", 100, "");
+    std::printf("%-24s %s\n", d.name.c_str(), describe(d).c_str());
+    std::printf("%-24s %llu events in %.2f s CPU (%.2f s wall): %.2fM events/s; %.0f s simulated\n",
+                "", static_cast<unsigned long long>(result.events), result.cpu_s, result.wall_s,
+                result.cpu_s > 0 ? double(result.events) / result.cpu_s / 1e6 : 0.0,
+                result.simulated_s);
+    sim_json["runs"].push_back(run_json(result, describe(d)));
+    runs.push_back(
+        make_report_run(result.name, std::move(result.records), slo, std::move(result.series)));
+  }
+  std::printf("\n");
+  if (runs.size() == 1) {
+    std::printf("%s", format_summary_table(runs[0].summary, runs[0].name).c_str());
+  } else {
+    std::vector<std::pair<std::string, latency_summary>> table;
+    for (const auto& r : runs) table.emplace_back(r.name, r.summary);
+    std::printf("%s", format_comparison_table(table).c_str());
+  }
+  report_options ro;
+  ro.title = s.title.empty() ? "duet sim: " + config.model.preset : s.title;
+  ro.subtitle = trace_line(s, trace) + fmt("; hop %.0f us", s.hop_us);
+  const auto files = write_report(s.out, runs, ro);
+  annotate_summary(files, std::move(sim_json));
+  std::printf("\nwrote %s, %s, %s\n", files.summary_json.c_str(), files.requests_csv.c_str(),
+              files.report_html.c_str());
+  return 0;
+}
+
+int run_plan(const sim_commands::state& s) {
+  const auto config = s.config_path.empty() ? default_config() : load_config(s.config_path);
+  const auto trace = prepared_trace(s, config, s.requests);
+  plan_options po;
+  po.gpu = s.gpu.empty() ? std::string("h20") : s.gpu;
+  if (!find_gpu_spec(po.gpu)) throw std::invalid_argument("unknown GPU '" + po.gpu + "'");
+  po.gpu_budget = s.gpus;
+  po.slo = parse_slo(s.slo);
+  po.attainment = s.attainment;
+  po.sm_shares.clear();
+  for (std::string_view rest = s.shares; !rest.empty();) {
+    const auto comma = rest.find(',');
+    const std::string part(rest.substr(0, comma));
+    po.sm_shares.push_back(std::stod(part));
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  po.jobs = s.jobs > 0 ? s.jobs : std::max(1u, std::thread::hardware_concurrency());
+  po.sim = options_from(s, po.gpu);
+  const bool tty = terminal();
+  if (tty) {
+    po.progress = [](size_t done, size_t total, const std::string& name) {
+      std::fprintf(stderr, "\r  searched %zu / %zu deployments (last: %s)      ", done, total,
+                   name.c_str());
+    };
+  }
+  std::printf("%s\n", trace_line(s, trace).c_str());
+  const double trace_rate =
+      trace.size() > 1
+          ? double(trace.size() - 1) / (trace.back().arrival_s - trace.front().arrival_s)
+          : 0.0;
+  auto ranked = plan_deployments(config, trace, po);
+  if (tty) std::fprintf(stderr, "\r%*s\r", 100, "");
+  std::printf("%s", format_plan_table(ranked, po, trace_rate).c_str());
+  // The report: the best few, plus the best colocated and SM-split ones for comparison.
+  std::vector<report_run> runs;
+  nlohmann::json plan_json = nlohmann::json::array();
+  bool colocated_shown = false, split_shown = false;
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    auto& e = ranked[i];
+    const bool colocated = e.deployment.name == "colocated";
+    const bool split = e.deployment.name.starts_with("split");
+    plan_json.push_back({{"rank", i + 1},
+                         {"deployment", e.deployment.name},
+                         {"gpus", e.gpus},
+                         {"rate_scale", e.rate_scale},
+                         {"goodput", e.goodput},
+                         {"goodput_per_gpu", e.goodput_per_gpu},
+                         {"replicas", e.replicas},
+                         {"total_goodput", e.goodput * e.replicas},
+                         {"attainment", e.attainment},
+                         {"simulations", e.simulations}});
+    const bool show = i < s.top || (colocated && !colocated_shown) || (split && !split_shown);
+    if (!show || e.run.records.empty()) continue;
+    colocated_shown = colocated_shown || colocated;
+    split_shown = split_shown || split;
+    const std::string name = fmt("%s @ %.2f req/s", e.deployment.name.c_str(),
+                                 e.rate_scale > 0 ? e.goodput : trace_rate / 64);
+    runs.push_back(
+        make_report_run(name, std::move(e.run.records), po.slo, std::move(e.run.series)));
+  }
+  report_options ro;
+  ro.title = fmt("duet plan: %s on up to %u x %s", config.model.preset.c_str(), po.gpu_budget,
+                 po.gpu.c_str());
+  ro.subtitle = trace_line(s, trace) + "; each run at its highest rate meeting the SLO";
+  const auto files = write_report(s.out, runs, ro);
+  nlohmann::json extra;
+  extra["trace"] = s.trace;
+  extra["gpu"] = po.gpu;
+  extra["gpu_budget"] = po.gpu_budget;
+  extra["attainment_target"] = po.attainment;
+  extra["plan"] = std::move(plan_json);
+  annotate_summary(files, std::move(extra));
+  std::printf("\nwrote %s, %s, %s\n", files.summary_json.c_str(), files.requests_csv.c_str(),
+              files.report_html.c_str());
+  return 0;
+}
+
+}  // namespace
+
+sim_commands::sim_commands(CLI::App& app) : state_(std::make_unique<state>()) {
+  auto& s = *state_;
+  s.sim = app.add_subcommand(
+      "sim", "replay a trace through the real policies on a virtual clock; write a report");
+  s.sim->add_option("--config", s.config_path,
+                    "deployment TOML file (model, router, broker; its actors unless --deployment)");
+  s.sim
+      ->add_option("--trace", s.trace,
+                   "trace: Azure .csv, Mooncake .jsonl, or synthetic:PROCESS:key=value,...")
+      ->required();
+  s.sim->add_option("--out", s.out, "report directory (summary.json, requests.csv, report.html)")
+      ->required();
+  s.sim->add_option(
+      "--deployment", s.deployments,
+      "colocated[:gpus=N], split[:sm=F], XPYD[:p=GPU,d=GPU] ...; repeat to compare side by side");
+  s.sim->add_option("--gpu", s.gpu,
+                    "GPU type of spec deployments (default: the config's engine.gpu)");
+  s.sim->add_option("--rate-scale", s.rate_scale, "multiply the request rate")
+      ->check(CLI::PositiveNumber);
+  s.sim->add_option("--start", s.start_s, "skip the trace's first seconds")
+      ->check(CLI::NonNegativeNumber);
+  s.sim->add_option("--duration", s.duration_s, "replay this many seconds of the trace")
+      ->check(CLI::NonNegativeNumber);
+  s.sim->add_option("--max-requests", s.max_requests, "replay at most this many requests");
+  s.sim->add_option("--slo", s.slo, "goodput objective, e.g. ttft=2s,tpot=50ms");
+  s.sim->add_option("--hop-us", s.hop_us, "latency of one message between actors, microseconds")
+      ->check(CLI::NonNegativeNumber);
+  s.sim->add_option("--link", s.link,
+                    "force the KV path between GPUs: same, nvlink, pcie, network");
+  s.sim->add_option("--calibration", s.calibration,
+                    "calibration TOML file for its GPU (docs/sim.md)");
+  s.sim->add_option("--title", s.title, "report title");
+
+  s.plan = app.add_subcommand(
+      "plan", "search deployments of a GPU budget for the best goodput per GPU under an SLO");
+  s.plan->add_option("--config", s.config_path,
+                     "deployment TOML file (model, router, broker, actor defaults)");
+  s.plan->add_option("--trace", s.trace, "trace: Azure .csv, Mooncake .jsonl, or synthetic:...")
+      ->required();
+  s.plan->add_option("--gpu", s.gpu, "GPU type (default h20)");
+  s.plan->add_option("--gpus", s.gpus, "GPU budget")->check(CLI::PositiveNumber);
+  s.plan->add_option("--slo", s.slo, "objective, e.g. ttft=2s,tpot=50ms")->required();
+  s.plan->add_option("--attainment", s.attainment, "fraction of requests that must meet the SLO")
+      ->check(CLI::Range(0.01, 1.0));
+  s.plan
+      ->add_option("--requests", s.requests, "requests replayed per trial, from the window's start")
+      ->check(CLI::PositiveNumber);
+  s.plan->add_option("--start", s.start_s, "skip the trace's first seconds")
+      ->check(CLI::NonNegativeNumber);
+  s.plan->add_option("--duration", s.duration_s, "use this many seconds of the trace")
+      ->check(CLI::NonNegativeNumber);
+  s.plan->add_option("--sm-shares", s.shares,
+                     "prefill SM shares of the one-GPU splits, comma separated");
+  s.plan->add_option("--hop-us", s.hop_us, "latency of one message between actors, microseconds")
+      ->check(CLI::NonNegativeNumber);
+  s.plan->add_option("--calibration", s.calibration, "calibration TOML file for the GPU");
+  s.plan->add_option("--jobs", s.jobs, "deployments simulated in parallel (default: every core)");
+  s.plan->add_option("--top", s.top,
+                     "deployments drawn in the report (plus the best colocated and split)");
+  s.plan->add_option("--out", s.out, "report directory")->default_val("duet-plan");
+}
+
+sim_commands::~sim_commands() = default;
+
+bool sim_commands::selected() const {
+  return state_->sim->parsed() || state_->plan->parsed();
+}
+
+int sim_commands::run() {
+  const char* command = state_->sim->parsed() ? "sim" : "plan";
+  try {
+    return state_->sim->parsed() ? run_sim(*state_) : run_plan(*state_);
+  } catch (const config_error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  } catch (const trace_error& e) {
+    std::fprintf(stderr, "duet %s: %s\n", command, e.what());
+    return 2;
+  } catch (const gpu_catalog_error& e) {
+    std::fprintf(stderr, "duet %s: %s\n", command, e.what());
+    return 2;
+  } catch (const toml::parse_error& e) {
+    std::fprintf(stderr, "duet %s: %s: %s\n", command, state_->calibration.c_str(),
+                 std::string(e.description()).c_str());
+    return 2;
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "duet %s: %s\n", command, e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "duet %s: %s\n", command, e.what());
+    return 1;
+  }
+}
+
+}  // namespace duet

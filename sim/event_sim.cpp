@@ -1,0 +1,844 @@
+#include "sim/event_sim.hpp"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "messages/dispatch.hpp"
+#include "runtime/broker_core.hpp"
+#include "runtime/decode_core.hpp"
+#include "runtime/model_shape.hpp"
+#include "runtime/prefill_core.hpp"
+#include "runtime/router_core.hpp"
+#include "runtime/sim_engine.hpp"
+
+namespace duet {
+
+std::string_view to_string(link_kind kind) {
+  switch (kind) {
+    case link_kind::same_gpu:
+      return "same";
+    case link_kind::nvlink:
+      return "nvlink";
+    case link_kind::pcie:
+      return "pcie";
+    case link_kind::network:
+      return "network";
+  }
+  return "unknown";
+}
+
+std::optional<link_kind> link_kind_from_string(std::string_view text) {
+  if (text == "same" || text == "same_gpu" || text == "none") return link_kind::same_gpu;
+  if (text == "nvlink") return link_kind::nvlink;
+  if (text == "pcie") return link_kind::pcie;
+  if (text == "network" || text == "net" || text == "rdma") return link_kind::network;
+  return std::nullopt;
+}
+
+std::string_view to_string(step_policy policy) {
+  switch (policy) {
+    case step_policy::alternate:
+      return "alternate";
+    case step_policy::prefill_first:
+      return "prefill_first";
+    case step_policy::decode_first:
+      return "decode_first";
+  }
+  return "unknown";
+}
+
+std::optional<step_policy> step_policy_from_string(std::string_view text) {
+  if (text == "alternate") return step_policy::alternate;
+  if (text == "prefill_first") return step_policy::prefill_first;
+  if (text == "decode_first") return step_policy::decode_first;
+  return std::nullopt;
+}
+
+uint32_t kv_blocks_from_memory(const deployment_config& config, const std::string& gpu_type,
+                               double memory_utilization, double share) {
+  const auto shape = find_model_shape(config.model.preset);
+  if (!shape) throw std::invalid_argument("unknown model preset '" + config.model.preset + "'");
+  const auto gpu = find_gpu_spec(gpu_type);
+  if (!gpu) throw std::invalid_argument("unknown GPU '" + gpu_type + "'");
+  const double kv_bytes = gpu->memory_bytes * memory_utilization - double(shape->weight_bytes());
+  const double block_bytes = double(shape->kv_bytes_per_token()) * config.model.block_tokens;
+  const double blocks = std::floor(kv_bytes * share / block_bytes);
+  if (blocks < 1) {
+    throw std::invalid_argument("the " + config.model.preset + " weights leave no KV memory on a " +
+                                gpu_type);
+  }
+  return static_cast<uint32_t>(std::min(blocks, double(std::numeric_limits<uint32_t>::max())));
+}
+
+namespace {
+
+constexpr int64_t ns_per_ms = 1'000'000;
+// The cores' clock reads epoch_ms at virtual time 0: router_core counts a worker alive only
+// after a load report at a positive time.
+constexpr int64_t epoch_ms = 1'000'000;
+// Fixed setup latency of one transfer on each link, before bytes / bandwidth.
+constexpr int64_t link_latency_ns[] = {0, 5'000, 10'000, 20'000};
+
+const std::string client_address = "sim/client";
+const std::string router_address = "sim/router";
+const std::string broker_address = "sim/broker";
+
+enum class event_kind : uint8_t {
+  deliver,
+  step_done,
+  arrival,
+  router_tick,
+  broker_reclaim,
+  unit_tick,
+  unit_report,
+  sample
+};
+
+struct event {
+  int64_t t = 0;
+  event_kind kind = event_kind::deliver;
+  bool transferred = false;  // deliver of a kv_moved whose transfer time is paid
+  uint32_t a = 0;  // deliver: target; step_done: timeline; arrival: request; tick/report: unit
+  uint32_t payload = 0;  // deliver: slot in payloads_
+};
+
+constexpr uint32_t target_client = 0;
+constexpr uint32_t target_router = 1;
+constexpr uint32_t target_broker = 2;
+constexpr uint32_t first_unit = 3;
+
+struct unit {
+  sim_worker spec;
+  std::shared_ptr<sim_engine> engine;
+  std::unique_ptr<prefill_core> prefill;
+  std::unique_ptr<decode_core> decode;
+  uint32_t timeline = 0;
+  uint32_t kv_blocks = 0;
+
+  outbox& out() { return prefill ? prefill->out() : decode->out(); }
+  [[nodiscard]] msg::load_report load() const { return prefill ? prefill->load() : decode->load(); }
+  [[nodiscard]] bool idle() const {
+    const auto l = load();
+    return l.queued + l.running == 0;
+  }
+  [[nodiscard]] const block_manager& pool() const {
+    return prefill ? prefill->pool() : decode->pool();
+  }
+};
+
+struct timeline {
+  uint32_t gpu = 0;
+  std::vector<uint32_t> units;  // indices into units_
+  bool busy = false;
+  uint32_t running = 0;
+  size_t last = 0;  // position in `units` of the unit that stepped last
+  int64_t step_start = 0;
+  int64_t busy_since_sample = 0;
+};
+
+struct handle_info {
+  uint32_t owner = 0;  // unit index
+  uint64_t bytes = 0;
+};
+
+struct client_state {
+  bool done = false;
+  double last_token_s = 0;
+};
+
+double thread_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_THREAD, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         double(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
+/// As the router actor does for the sim engine: one token per UTF-8 byte of a text prompt.
+std::vector<int32_t> byte_tokens(const std::string& text) {
+  std::vector<int32_t> out;
+  out.reserve(text.size());
+  for (unsigned char c : text) out.push_back(c);
+  return out;
+}
+
+class event_sim {
+ public:
+  event_sim(const deployment_config& config, const sim_deployment& d,
+            std::span<const trace_request> trace, const sim_options& o)
+      : config_(config), deployment_(d), options_(o), client_out_(client_address) {
+    prepare_trace(trace);
+    build();
+  }
+
+  sim_result run() {
+    const auto wall_start = std::chrono::steady_clock::now();
+    const double cpu_start = thread_cpu_seconds();
+    schedule_start();
+    const int64_t hard_stop = hard_stop_ns();
+    while (!queue_.empty() && finished_ < requests_.size()) {
+      if (queue_.next_time() > hard_stop) break;
+      const event e = queue_.pop().second;
+      now_ = e.t;
+      ++events_;
+      handle(e);
+      if (options_.progress && (events_ & 0xffff) == 0) {
+        options_.progress({now_ * 1e-9, finished_, requests_.size(), events_});
+      }
+    }
+    for (size_t i = 0; i < records_.size(); ++i) {
+      if (!clients_[i].done) {
+        records_[i].finish_s = now_ * 1e-9;
+        records_[i].outcome = "sim_unfinished";
+        ++counters_["sim.unfinished"];
+      }
+    }
+    if (options_.progress) options_.progress({now_ * 1e-9, finished_, requests_.size(), events_});
+    sim_result r;
+    r.name = deployment_.name;
+    r.records = std::move(records_);
+    r.series = std::move(series_);
+    r.events = events_;
+    r.simulated_s = now_ * 1e-9;
+    r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+    r.cpu_s = thread_cpu_seconds() - cpu_start;
+    r.gpus = static_cast<uint32_t>(deployment_.gpus.size());
+    r.counters = collect_counters();
+    r.worker_lines = worker_lines();
+    return r;
+  }
+
+ private:
+  // ------------------------------------------------------------------ setup
+
+  void prepare_trace(std::span<const trace_request> trace) {
+    const uint32_t max_context = config_.model.max_context;
+    requests_ =
+        clip_to_context(std::vector<trace_request>(trace.begin(), trace.end()), max_context);
+    for (auto& r : requests_) {
+      r.output_tokens = std::max<uint32_t>(r.output_tokens, 1);
+      r.input_tokens =
+          std::clamp<uint32_t>(r.input_tokens, 1, max_context > 1 ? max_context - 1 : 1);
+    }
+    records_.resize(requests_.size());
+    clients_.resize(requests_.size());
+    for (size_t i = 0; i < requests_.size(); ++i) {
+      records_[i].id = i + 1;
+      records_[i].arrival_s = requests_[i].arrival_s;
+      records_[i].prompt_tokens = requests_[i].input_tokens;
+      records_[i].outcome = "sim_unfinished";
+    }
+  }
+
+  void build() {
+    const auto shape = find_model_shape(config_.model.preset);
+    if (!shape) throw std::invalid_argument("unknown model preset '" + config_.model.preset + "'");
+    if (deployment_.gpus.empty())
+      throw std::invalid_argument("deployment '" + deployment_.name + "' has no GPU");
+    for (const auto& g : deployment_.gpus) {
+      auto spec = find_gpu_spec(g.type);
+      if (!spec) throw std::invalid_argument("unknown GPU '" + g.type + "'");
+      if (auto c = options_.calibrations.find(g.type); c != options_.calibrations.end())
+        spec->calibration = c->second;
+      specs_.push_back(*spec);
+    }
+    router_settings rs;
+    rs.broker = broker_address;
+    rs.policy = config_.router.policy;
+    rs.queue_limit = config_.router.queue_limit;
+    rs.request_timeout_ms = config_.router.request_timeout_ms;
+    rs.max_context = config_.model.max_context;
+    rs.max_new_tokens_limit = config_.router.max_new_tokens_limit;
+    rs.give_up_grace_ms = config_.broker.transfer_timeout_ms;
+    rs.worker_timeout_ms = config_.transport.peer_timeout_ms;
+    address_to_target_[client_address] = target_client;
+    address_to_target_[router_address] = target_router;
+    address_to_target_[broker_address] = target_broker;
+
+    // Timelines: per GPU, the workers at full share share one; each split worker has its own.
+    std::map<uint32_t, double> split_share;
+    std::map<uint32_t, uint32_t> full_workers, split_workers;
+    for (const auto& w : deployment_.workers) {
+      if (w.gpu >= deployment_.gpus.size()) {
+        throw std::invalid_argument("worker " + w.address + " is on GPU " + std::to_string(w.gpu) +
+                                    " of " + std::to_string(deployment_.gpus.size()));
+      }
+      if (!(w.sm_share > 0 && w.sm_share <= 1))
+        throw std::invalid_argument("worker " + w.address + ": sm_share must be in (0, 1]");
+      if (w.role != actor_role::prefill && w.role != actor_role::decode) {
+        throw std::invalid_argument("worker " + w.address + " must be a prefill or decode worker");
+      }
+      if (w.max_batch == 0 || w.chunk_tokens == 0)
+        throw std::invalid_argument("worker " + w.address + ": batch and chunk must be positive");
+      if (w.sm_share < 1) {
+        split_share[w.gpu] += w.sm_share;
+        ++split_workers[w.gpu];
+      } else {
+        ++full_workers[w.gpu];
+      }
+      if (address_to_target_.contains(w.address))
+        throw std::invalid_argument("worker address " + w.address + " is used twice");
+      address_to_target_[w.address] = first_unit + static_cast<uint32_t>(units_.size());
+      units_.push_back(std::make_unique<unit>());
+      units_.back()->spec = w;
+    }
+    for (const auto& [gpu, share] : split_share) {
+      if (full_workers[gpu] > 0 || share > 1.0 + 1e-9) {
+        throw std::invalid_argument(
+            "GPU " + std::to_string(gpu) +
+            " is split by SM share: its workers' shares must sum to at most 1");
+      }
+    }
+    std::map<uint32_t, uint32_t> full_timeline;  // gpu -> timeline of its full-share workers
+    std::map<std::pair<uint32_t, double>, std::shared_ptr<sim_engine>> engines;
+    for (uint32_t i = 0; i < units_.size(); ++i) {
+      unit& u = *units_[i];
+      const auto& w = u.spec;
+      auto& engine = engines[{w.gpu, w.sm_share}];
+      if (!engine) {
+        engine = std::make_shared<sim_engine>(*shape, specs_[w.gpu], config_.model.name,
+                                              config_.model.max_context, config_.model.block_tokens,
+                                              w.sm_share, 1.0);
+      }
+      u.engine = engine;
+      u.kv_blocks = w.kv_blocks > 0
+                        ? w.kv_blocks
+                        : kv_blocks_from_memory(config_, deployment_.gpus[w.gpu].type,
+                                                options_.memory_utilization, w.kv_memory_share);
+      if (w.role == actor_role::prefill) {
+        prefill_settings ps;
+        ps.router = router_address;
+        ps.broker = broker_address;
+        ps.kv_blocks = u.kv_blocks;
+        ps.chunk_tokens = w.chunk_tokens;
+        ps.max_batch = w.max_batch;
+        ps.register_timeout_ms = config_.broker.transfer_timeout_ms;
+        u.prefill = std::make_unique<prefill_core>(w.address, ps, *u.engine);
+        rs.prefill_workers.push_back(w.address);
+      } else {
+        decode_settings ds;
+        ds.router = router_address;
+        ds.broker = broker_address;
+        ds.kv_blocks = u.kv_blocks;
+        ds.max_batch = w.max_batch;
+        ds.transfer_timeout_ms = config_.broker.transfer_timeout_ms;
+        ds.renew_every_ms = std::max<uint32_t>(config_.broker.lease_ms / 3, 1);
+        u.decode = std::make_unique<decode_core>(w.address, ds, *u.engine);
+        rs.decode_workers.push_back(w.address);
+      }
+      if (w.sm_share >= 1) {
+        auto it = full_timeline.find(w.gpu);
+        if (it == full_timeline.end()) {
+          it = full_timeline.emplace(w.gpu, static_cast<uint32_t>(timelines_.size())).first;
+          timelines_.push_back({});
+          timelines_.back().gpu = w.gpu;
+        }
+        u.timeline = it->second;
+      } else {
+        u.timeline = static_cast<uint32_t>(timelines_.size());
+        timelines_.push_back({});
+        timelines_.back().gpu = w.gpu;
+      }
+      timelines_[u.timeline].units.push_back(i);
+    }
+    if (rs.prefill_workers.empty() || rs.decode_workers.empty()) {
+      throw std::invalid_argument("deployment '" + deployment_.name +
+                                  "' needs a prefill and a decode worker");
+    }
+    for (auto& tl : timelines_) tl.last = tl.units.size() - 1;  // the first turn goes to units[0]
+    // Every transfer a request can need must have a link with bandwidth.
+    for (const auto& p : units_) {
+      if (!p->prefill) continue;
+      for (const auto& d : units_) {
+        if (!d->decode) continue;
+        if (auto [kind, bw] = link_between(p->spec.gpu, d->spec.gpu);
+            kind != link_kind::same_gpu && bw <= 0) {
+          throw std::invalid_argument("no " + std::string(to_string(kind)) +
+                                      " bandwidth between GPU " + std::to_string(p->spec.gpu) +
+                                      " (" + deployment_.gpus[p->spec.gpu].type + ") and GPU " +
+                                      std::to_string(d->spec.gpu) + " (" +
+                                      deployment_.gpus[d->spec.gpu].type + ")");
+        }
+      }
+    }
+    link_free_.assign(deployment_.gpus.size() * 4, 0);
+    router_ = std::make_unique<router_core>(router_address, rs, byte_tokens);
+    broker_settings bs;
+    bs.lease_ms = config_.broker.lease_ms;
+    bs.engine_kind = "sim";
+    broker_ = std::make_unique<broker_core>(broker_address, bs);
+  }
+
+  /// The link a KV cache takes from GPU a to GPU b and its usable bandwidth (bytes/s).
+  [[nodiscard]] std::pair<link_kind, double> link_between(uint32_t a, uint32_t b) const {
+    if (a == b) return {link_kind::same_gpu, 0.0};
+    const auto& ga = deployment_.gpus[a];
+    const auto& gb = deployment_.gpus[b];
+    const auto& sa = specs_[a];
+    const auto& sb = specs_[b];
+    link_kind kind = link_kind::network;
+    if (ga.host == gb.host)
+      kind =
+          sa.nvlink_bandwidth > 0 && sb.nvlink_bandwidth > 0 ? link_kind::nvlink : link_kind::pcie;
+    if (deployment_.link) kind = *deployment_.link;
+    auto bw = [&](const gpu_spec& s) {
+      switch (kind) {
+        case link_kind::nvlink:
+          return s.nvlink_bandwidth;
+        case link_kind::pcie:
+          return s.pcie_bandwidth;
+        case link_kind::network:
+          return s.nic_bandwidth;
+        case link_kind::same_gpu:
+          return 0.0;
+      }
+      return 0.0;
+    };
+    return {kind, std::min(bw(sa), bw(sb)) * std::min(sa.link_efficiency, sb.link_efficiency)};
+  }
+
+  [[nodiscard]] int64_t hard_stop_ns() const {
+    const double last_arrival = requests_.empty() ? 0.0 : requests_.back().arrival_s;
+    // Every request ends by its deadline plus the router's grace; beyond that something hangs.
+    const double bound =
+        last_arrival +
+        (config_.router.request_timeout_ms + config_.broker.transfer_timeout_ms) / 1e3 +
+        config_.broker.lease_ms / 1e3 + 60.0;
+    return static_cast<int64_t>(bound * 1e9);
+  }
+
+  void schedule_start() {
+    // Load reports first, so the router knows its workers when the first request comes.
+    for (uint32_t i = 0; i < units_.size(); ++i) push({0, event_kind::unit_report, false, i, 0});
+    for (uint32_t i = 0; i < units_.size(); ++i) push({0, event_kind::unit_tick, false, i, 0});
+    push({0, event_kind::router_tick, false, 0, 0});
+    push({0, event_kind::broker_reclaim, false, 0, 0});
+    for (uint32_t i = 0; i < requests_.size(); ++i) {
+      push({static_cast<int64_t>(std::llround(requests_[i].arrival_s * 1e9)), event_kind::arrival,
+            false, i, 0});
+    }
+    const double span = requests_.empty() ? 0.0 : requests_.back().arrival_s;
+    sample_period_ns_ =
+        static_cast<int64_t>(1e9 * (options_.sample_period_s > 0 ? options_.sample_period_s
+                                                                 : std::max(span / 300.0, 0.05)));
+    for (const char* name : {"requests in flight", "prompts waiting for prefill", "decode batch",
+                             "waiting for decode KV memory", "KV memory used, prefill",
+                             "KV memory used, decode", "GPU busy"}) {
+      time_series s;
+      s.name = name;
+      const std::string_view n = name;
+      s.unit = n.starts_with("KV")                               ? "fraction"
+               : n == "GPU busy"                                 ? "fraction busy"
+               : n == "decode batch" || n.starts_with("waiting") ? "sequences"
+                                                                 : "requests";
+      series_.push_back(std::move(s));
+    }
+    push({sample_period_ns_, event_kind::sample, false, 0, 0});
+  }
+
+  void push(const event& e) { queue_.push(e.t, e); }
+
+  [[nodiscard]] int64_t now_ms() const { return epoch_ms + now_ / ns_per_ms; }
+
+  // ------------------------------------------------------------------ messages
+
+  uint32_t store(msg::frames&& frames) {
+    if (free_payloads_.empty()) {
+      payloads_.push_back(std::move(frames));
+      return static_cast<uint32_t>(payloads_.size() - 1);
+    }
+    const uint32_t slot = free_payloads_.back();
+    free_payloads_.pop_back();
+    payloads_[slot] = std::move(frames);
+    return slot;
+  }
+
+  void flush(outbox& box) {
+    if (box.pending().empty()) return;
+    for (auto& m : box.take()) {
+      auto it = address_to_target_.find(m.dst);
+      if (it == address_to_target_.end()) {
+        ++counters_["sim.unroutable"];
+        continue;
+      }
+      const uint32_t slot = store(std::move(m.frames));
+      push({now_ + hop_ns_, event_kind::deliver, false, it->second, slot});
+    }
+  }
+
+  void handle(const event& e) {
+    switch (e.kind) {
+      case event_kind::deliver:
+        return deliver(e);
+      case event_kind::step_done:
+        return step_done(e.a);
+      case event_kind::arrival:
+        return arrive(e.a);
+      case event_kind::router_tick:
+        if (router_->in_flight() > 0) {
+          router_->tick(now_ms());
+          flush(router_->out());
+        }
+        push({now_ + options_.tick_ms * ns_per_ms, event_kind::router_tick, false, 0, 0});
+        return;
+      case event_kind::broker_reclaim:
+        if (broker_->live_handles() > 0) {
+          broker_->reclaim(now_ms());
+          flush(broker_->out());
+        }
+        push({now_ + int64_t{config_.broker.reclaim_interval_ms} * ns_per_ms,
+              event_kind::broker_reclaim, false, 0, 0});
+        return;
+      case event_kind::unit_tick: {
+        unit& u = *units_[e.a];
+        if (!u.idle()) {
+          if (u.prefill)
+            u.prefill->tick(now_ms());
+          else
+            u.decode->tick(now_ms());
+          kick(u.timeline);
+          flush(u.out());
+        }
+        push({now_ + options_.tick_ms * ns_per_ms, event_kind::unit_tick, false, e.a, 0});
+        return;
+      }
+      case event_kind::unit_report: {
+        unit& u = *units_[e.a];
+        u.out().send(router_address, u.load());
+        flush(u.out());
+        push({now_ + options_.report_ms * ns_per_ms, event_kind::unit_report, false, e.a, 0});
+        return;
+      }
+      case event_kind::sample:
+        return sample();
+    }
+  }
+
+  void arrive(uint32_t index) {
+    const auto& r = requests_[index];
+    msg::submit s;
+    s.request_id = index + 1;
+    s.prompt_tokens.resize(r.input_tokens);
+    const uint32_t vocab = std::max<uint32_t>(options_.prompt_vocab, 2);
+    for (uint32_t j = 0; j < r.input_tokens; ++j) {
+      s.prompt_tokens[j] =
+          static_cast<int32_t>((uint64_t{j} * 7919 + uint64_t{index} * 104729 + 1) % vocab);
+    }
+    s.sampling.max_new_tokens = r.output_tokens;
+    s.sampling.ignore_eos = true;
+    client_out_.send(router_address, s);
+    flush(client_out_);
+  }
+
+  void deliver(const event& e) {
+    msg::frames frames = std::move(payloads_[e.payload]);
+    free_payloads_.push_back(e.payload);
+    auto env = msg::decode_envelope(frames);
+    if (!env) {
+      ++counters_["sim.malformed"];
+      return;
+    }
+    const int64_t now = now_ms();
+    if (e.a == target_client) return to_client(*env, frames);
+    if (e.a == target_router) {
+      auto& core = *router_;
+      msg::dispatch(*env, frames, [&](const msg::envelope& en, auto& m) {
+        using M = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<M, msg::submit>)
+          core.on_submit(en, m, now);
+        else if constexpr (std::is_same_v<M, msg::cancel>)
+          core.on_cancel(en, m);
+        else if constexpr (std::is_same_v<M, msg::prefill_done>)
+          core.on_prefill_done(m);
+        else if constexpr (std::is_same_v<M, msg::stage_failed>)
+          core.on_stage_failed(en.src, m);
+        else if constexpr (std::is_same_v<M, msg::request_done>)
+          core.on_request_done(m);
+        else if constexpr (std::is_same_v<M, msg::load_report>)
+          core.on_load(en.src, m, now);
+      });
+      return flush(core.out());
+    }
+    if (e.a == target_broker) {
+      auto& core = *broker_;
+      msg::dispatch(*env, frames, [&](const msg::envelope& en, auto& m) {
+        using M = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<M, msg::kv_register>) {
+          if (auto it = address_to_target_.find(en.src);
+              it != address_to_target_.end() && it->second >= first_unit) {
+            handles_[m.handle.handle_id] = {it->second - first_unit, m.handle.bytes};
+          }
+          core.on_register(en.src, m, now);
+        } else if constexpr (std::is_same_v<M, msg::kv_pull>)
+          core.on_pull(en.src, m, now);
+        else if constexpr (std::is_same_v<M, msg::kv_confirm>)
+          core.on_confirm(en.src, m);
+        else if constexpr (std::is_same_v<M, msg::kv_nack>)
+          core.on_nack(en.src, m);
+        else if constexpr (std::is_same_v<M, msg::kv_drop>)
+          core.on_drop(en.src, m);
+        else if constexpr (std::is_same_v<M, msg::kv_renew>)
+          core.on_renew(en.src, m, now);
+      });
+      return flush(core.out());
+    }
+    const uint32_t index = e.a - first_unit;
+    unit& u = *units_[index];
+    if (u.prefill) {
+      auto& core = *u.prefill;
+      msg::dispatch(*env, frames, [&](const msg::envelope& en, auto& m) {
+        using M = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<M, msg::prefill_request>)
+          core.on_request(en, m, now);
+        else if constexpr (std::is_same_v<M, msg::cancel_seq>)
+          core.on_cancel(m);
+        else if constexpr (std::is_same_v<M, msg::kv_registered>)
+          core.on_registered(m);
+        else if constexpr (std::is_same_v<M, msg::kv_release>) {
+          handles_.erase(m.handle_id);
+          core.on_release(m);
+        }
+      });
+    } else {
+      if (env->type == static_cast<uint16_t>(msg::type_id::kv_moved) && !e.transferred) {
+        if (const int64_t done = transfer_done(*env, frames, index); done > now_) {
+          push({done, event_kind::deliver, true, e.a, store(std::move(frames))});
+          return;
+        }
+      }
+      auto& core = *u.decode;
+      msg::dispatch(*env, frames, [&](const msg::envelope& en, auto& m) {
+        using M = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<M, msg::kv_adopt>)
+          core.on_adopt(en, m, now);
+        else if constexpr (std::is_same_v<M, msg::kv_moved>)
+          core.on_moved(m, now);
+        else if constexpr (std::is_same_v<M, msg::cancel_seq>)
+          core.on_cancel(m);
+      });
+    }
+    kick(u.timeline);
+    flush(u.out());
+  }
+
+  /// When the KV of a successful kv_moved has crossed the link to decode unit `dst`: the
+  /// transfer starts now, after the link's earlier transfers from the same GPU.
+  int64_t transfer_done(const msg::envelope& env, const msg::frames& frames, uint32_t dst) {
+    auto moved = msg::decode_body<msg::kv_moved>(frames);
+    if (!moved || moved->code != msg::error_code::none) return now_;
+    auto it = handles_.find(moved->handle_id);
+    if (it == handles_.end()) return now_;
+    const uint32_t src_gpu = units_[it->second.owner]->spec.gpu;
+    const uint32_t dst_gpu = units_[dst]->spec.gpu;
+    const auto [kind, bandwidth] = link_between(src_gpu, dst_gpu);
+    if (kind == link_kind::same_gpu || bandwidth <= 0) return now_;
+    int64_t& free_at = link_free_[src_gpu * 4 + static_cast<uint32_t>(kind)];
+    const int64_t start = std::max(now_, free_at);
+    const auto duration =
+        static_cast<int64_t>(std::llround(double(it->second.bytes) / bandwidth * 1e9)) +
+        link_latency_ns[static_cast<uint32_t>(kind)];
+    free_at = start + duration;
+    ++counters_["sim.kv_transfers_" + std::string(to_string(kind))];
+    counters_["sim.kv_bytes_transferred"] += it->second.bytes;
+    counters_["sim.kv_transfer_us"] += static_cast<uint64_t>(duration / 1000);
+    counters_["sim.kv_transfer_wait_us"] += static_cast<uint64_t>((start - now_) / 1000);
+    return free_at;
+  }
+
+  void to_client(const msg::envelope& env, const msg::frames& frames) {
+    const double t = now_ * 1e-9;
+    auto finish = [&](uint64_t id, std::string outcome) {
+      if (id == 0 || id > records_.size() || clients_[id - 1].done) return;
+      clients_[id - 1].done = true;
+      records_[id - 1].finish_s = t;
+      records_[id - 1].outcome = std::move(outcome);
+      ++finished_;
+    };
+    msg::dispatch(env, frames, [&](const msg::envelope&, auto& m) {
+      using M = std::decay_t<decltype(m)>;
+      if constexpr (std::is_same_v<M, msg::token_batch>) {
+        for (const uint64_t id : m.request_ids) {
+          if (id == 0 || id > records_.size() || clients_[id - 1].done) continue;
+          auto& rec = records_[id - 1];
+          auto& c = clients_[id - 1];
+          if (!rec.first_token_s)
+            rec.first_token_s = t;
+          else
+            rec.itl_s.push_back(t - c.last_token_s);
+          c.last_token_s = t;
+          ++rec.output_tokens;
+        }
+      } else if constexpr (std::is_same_v<M, msg::finish>) {
+        const bool ok =
+            m.reason == msg::finish_reason::stop || m.reason == msg::finish_reason::length;
+        finish(m.request_id,
+               ok ? std::string(request_outcome_ok) : std::string(msg::to_string(m.reason)));
+      } else if constexpr (std::is_same_v<M, msg::rejected>) {
+        finish(m.request_id, "rejected_" + std::string(msg::to_string(m.code)));
+      }
+    });
+  }
+
+  // ------------------------------------------------------------------ GPU timelines
+
+  void kick(uint32_t t) {
+    timeline& tl = timelines_[t];
+    if (tl.busy) return;
+    const size_t n = tl.units.size();
+    auto try_unit = [&](size_t pos) {
+      unit& u = *units_[tl.units[pos]];
+      const auto wait =
+          u.prefill ? u.prefill->begin_step(now_ms()) : u.decode->begin_step(now_ms());
+      if (!wait) return false;
+      tl.busy = true;
+      tl.running = tl.units[pos];
+      tl.last = pos;
+      tl.step_start = now_;
+      push({now_ + std::max<int64_t>(wait->count(), 0), event_kind::step_done, false, t, 0});
+      return true;
+    };
+    if (n == 1 || deployment_.policy == step_policy::alternate) {
+      for (size_t k = 1; k <= n; ++k) {
+        if (try_unit((tl.last + k) % n)) return;
+      }
+      return;
+    }
+    const bool prefill_first = deployment_.policy == step_policy::prefill_first;
+    for (int pass = 0; pass < 2; ++pass) {
+      const bool want_prefill = (pass == 0) == prefill_first;
+      for (size_t pos = 0; pos < n; ++pos) {
+        if (static_cast<bool>(units_[tl.units[pos]]->prefill) == want_prefill && try_unit(pos))
+          return;
+      }
+    }
+  }
+
+  void step_done(uint32_t t) {
+    timeline& tl = timelines_[t];
+    unit& u = *units_[tl.running];
+    if (u.prefill)
+      u.prefill->finish_step(now_ms());
+    else
+      u.decode->finish_step(now_ms());
+    tl.busy = false;
+    tl.busy_since_sample += now_ - std::max(tl.step_start, last_sample_);
+    kick(t);
+    for (uint32_t i : tl.units) flush(units_[i]->out());
+  }
+
+  // ------------------------------------------------------------------ observation
+
+  void sample() {
+    double prefill_waiting = 0, decode_running = 0, decode_waiting = 0;
+    double p_used = 0, p_total = 0, d_used = 0, d_total = 0;
+    for (const auto& u : units_) {
+      const auto l = u->load();
+      if (u->prefill) {
+        prefill_waiting += l.queued;
+        p_used += u->pool().used_blocks();
+        p_total += u->pool().total_blocks();
+      } else {
+        decode_running += l.running;
+        decode_waiting += l.queued;
+        d_used += u->pool().used_blocks();
+        d_total += u->pool().total_blocks();
+      }
+    }
+    double busy = 0;
+    const double period = double(now_ - last_sample_);
+    for (auto& tl : timelines_) {
+      if (tl.busy) tl.busy_since_sample += now_ - std::max(tl.step_start, last_sample_);
+      busy += period > 0 ? double(tl.busy_since_sample) / period : 0.0;
+      tl.busy_since_sample = 0;
+    }
+    last_sample_ = now_;
+    const double values[] = {
+        double(router_->in_flight()),
+        prefill_waiting,
+        decode_running,
+        decode_waiting,
+        p_total > 0 ? p_used / p_total : 0.0,
+        d_total > 0 ? d_used / d_total : 0.0,
+        timelines_.empty() ? 0.0 : std::min(1.0, busy / double(timelines_.size()))};
+    for (size_t i = 0; i < series_.size(); ++i) {
+      series_[i].t_s.push_back(now_ * 1e-9);
+      series_[i].values.push_back(values[i]);
+    }
+    if (finished_ < requests_.size())
+      push({now_ + sample_period_ns_, event_kind::sample, false, 0, 0});
+  }
+
+  std::map<std::string, uint64_t> collect_counters() const {
+    std::map<std::string, uint64_t> out = counters_;
+    for (const auto& [k, v] : router_->counters()) out["router." + k] += v;
+    for (const auto& [k, v] : broker_->counters()) out["broker." + k] += v;
+    for (const auto& u : units_) {
+      const std::string prefix = u->prefill ? "prefill." : "decode.";
+      for (const auto& [k, v] : u->prefill ? u->prefill->counters() : u->decode->counters())
+        out[prefix + k] += v;
+      out[prefix + "double_frees"] += u->pool().double_frees();
+    }
+    out["sim.events"] = events_;
+    return out;
+  }
+
+  std::vector<std::string> worker_lines() const {
+    std::vector<std::string> out;
+    for (const auto& u : units_) {
+      const auto& w = u->spec;
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "%-20s %-7s GPU %u (%s, host %u)  SM share %.2f  KV %u blocks  batch %u%s",
+                    w.address.c_str(), u->prefill ? "prefill" : "decode", w.gpu,
+                    deployment_.gpus[w.gpu].type.c_str(), deployment_.gpus[w.gpu].host, w.sm_share,
+                    u->kv_blocks, w.max_batch,
+                    u->prefill ? ("  chunk " + std::to_string(w.chunk_tokens)).c_str() : "");
+      out.emplace_back(line);
+    }
+    return out;
+  }
+
+  const deployment_config& config_;
+  const sim_deployment& deployment_;
+  const sim_options& options_;
+  std::vector<trace_request> requests_;
+  std::vector<request_record> records_;
+  std::vector<client_state> clients_;
+  size_t finished_ = 0;
+  outbox client_out_;
+  std::vector<gpu_spec> specs_;
+  std::unique_ptr<router_core> router_;
+  std::unique_ptr<broker_core> broker_;
+  std::vector<std::unique_ptr<unit>> units_;
+  std::vector<timeline> timelines_;
+  std::unordered_map<std::string, uint32_t> address_to_target_;
+  std::unordered_map<uint64_t, handle_info> handles_;
+  std::vector<int64_t> link_free_;  // per source GPU and link kind: when its egress is free
+  timed_queue<event> queue_;
+  std::vector<msg::frames> payloads_;
+  std::vector<uint32_t> free_payloads_;
+  uint64_t events_ = 0;
+  int64_t now_ = 0;
+  int64_t hop_ns_ = static_cast<int64_t>(std::llround(options_.hop_s * 1e9));
+  int64_t sample_period_ns_ = 0;
+  int64_t last_sample_ = 0;
+  std::vector<time_series> series_;
+  std::map<std::string, uint64_t> counters_;
+};
+
+}  // namespace
+
+sim_result run_simulation(const deployment_config& config, const sim_deployment& deployment,
+                          std::span<const trace_request> trace, const sim_options& options) {
+  event_sim sim(config, deployment, trace, options);
+  return sim.run();
+}
+
+}  // namespace duet
