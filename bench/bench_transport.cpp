@@ -125,9 +125,14 @@ double process_cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
-/// Sets p50_us, p90_us and p99_us from round-trip samples in nanoseconds.
-void report_percentiles(benchmark::State& state, std::vector<double>& samples_ns) {
+/// Sets p50_us, p90_us and p99_us from round-trip samples in nanoseconds, and
+/// cpu_us_per_round_trip: the CPU time of every thread of the process over the run, per
+/// round trip (the work done, as opposed to the time spent waiting for threads to wake).
+void report_round_trips(benchmark::State& state, std::vector<double>& samples_ns,
+                        double process_cpu_s) {
   if (samples_ns.empty()) return;
+  state.counters["cpu_us_per_round_trip"] =
+      process_cpu_s * 1e6 / static_cast<double>(samples_ns.size());
   std::sort(samples_ns.begin(), samples_ns.end());
   auto at = [&](double q) {
     return samples_ns[std::min(
@@ -294,6 +299,7 @@ void BM_round_trip(benchmark::State& state) {
   const auto ping = message_of(state.range(1), "a/echo", "b/echo");
   std::vector<double> samples;
   samples.reserve(1 << 16);
+  const double cpu_start = process_cpu_seconds();
   for (auto _ : state) {
     const double ns = pair.round_trip(ping);
     if (ns < 0) {
@@ -303,7 +309,7 @@ void BM_round_trip(benchmark::State& state) {
     state.SetIterationTime(ns * 1e-9);
     samples.push_back(ns);
   }
-  report_percentiles(state, samples);
+  report_round_trips(state, samples, process_cpu_seconds() - cpu_start);
 }
 
 /// Same, chained in the callbacks: each iteration is 1000 round trips, timed one by one.
@@ -316,6 +322,7 @@ void BM_round_trip_chained(benchmark::State& state) {
   constexpr uint32_t per_iteration = 1000;
   std::vector<double> samples;
   samples.reserve(1 << 16);
+  const double cpu_start = process_cpu_seconds();
   for (auto _ : state) {
     const std::size_t before = samples.size();
     if (!pair.chain(ping, per_iteration, samples)) {
@@ -328,7 +335,7 @@ void BM_round_trip_chained(benchmark::State& state) {
     state.SetIterationTime(total * 1e-9);
   }
   state.SetItemsProcessed(static_cast<int64_t>(samples.size()));
-  report_percentiles(state, samples);
+  report_round_trips(state, samples, process_cpu_seconds() - cpu_start);
 }
 
 // ------------------------------------------------------------------ fan-in throughput
@@ -553,6 +560,7 @@ void BM_client_round_trip(benchmark::State& state) {
   }
   std::vector<double> samples;
   samples.reserve(1 << 16);
+  const double cpu_start = process_cpu_seconds();
   for (auto _ : state) {
     const double ns = slot->round_trip();
     if (ns < 0) {
@@ -562,7 +570,7 @@ void BM_client_round_trip(benchmark::State& state) {
     state.SetIterationTime(ns * 1e-9);
     samples.push_back(ns);
   }
-  report_percentiles(state, samples);
+  report_round_trips(state, samples, process_cpu_seconds() - cpu_start);
 }
 
 void kinds_and_messages(benchmark::internal::Benchmark* b) {
