@@ -259,7 +259,9 @@ kstatus gemm_runner::run(const gemm_params& p, cudaStream_t stream, gemm_path pa
   DUET_KREQUIRE(!(p.bias && p.y_fp32), "gemm: bias with fp32 output is not supported");
   if (p.m == 0) return {};
   if (path == gemm_path::automatic) {
-    path = (p.x_swiglu || (p.m <= gemm_skinny_max_rows && gemm_skinny_enabled())) ? gemm_path::skinny : gemm_path::cublaslt;
+    // Measured on the H200 (docs/cuda-engine.md): at m = 1 the skinny kernel beats cuBLASLt on
+    // every Llama-8B shape (2.4-3.9 TB/s against 1.5-3.3), at m = 4 it loses (1.1-1.6 against 1.7-3.3).
+    path = (p.x_swiglu || (p.m == 1 && gemm_skinny_enabled())) ? gemm_path::skinny : gemm_path::cublaslt;
   }
   if (path == gemm_path::skinny) {
     DUET_KREQUIRE(p.m <= gemm_skinny_max_rows, "gemm: the skinny path takes at most gemm_skinny_max_rows rows");

@@ -2,7 +2,7 @@
 // y = x . w^T (+ bias): bf16 operands, fp32 accumulation, bf16 or fp32 output. Weights are
 // row-major [n, k] as Hugging Face stores them. Large m goes through cuBLASLt (algorithm picked
 // per shape; for m a multiple of 64 the candidates are timed on first use outside graph
-// capture); m <= gemm_skinny_max_rows can use a bandwidth-bound kernel of our own (decode),
+// capture); m <= gemm_skinny_max_rows can use a bandwidth-bound kernel of our own (picked for m = 1),
 // which may also apply SwiGLU to its input on the fly (x = silu_mul(gate_up), silu_mul.cuh).
 #include <cuda_runtime_api.h>
 
@@ -15,7 +15,7 @@ namespace duet::kernels {
 
 inline constexpr uint32_t gemm_skinny_max_rows = 4;
 
-/// Whether the automatic path may pick the skinny kernel (DUET_GEMM_SKINNY=0 turns it off).
+/// Whether the automatic path may pick the skinny kernel for m = 1 (DUET_GEMM_SKINNY=0 turns it off).
 [[nodiscard]] bool gemm_skinny_enabled();
 
 struct gemm_params {
@@ -42,8 +42,8 @@ class gemm_runner {
 
   /// Creates the handle and a workspace on the current device.
   kstatus init(uint64_t workspace_bytes = 32ull << 20);
-  /// automatic: skinny for m <= gemm_skinny_max_rows (unless disabled) or whenever x_swiglu,
-  /// cuBLASLt otherwise.
+  /// automatic: skinny for m = 1 (unless disabled) or whenever x_swiglu, cuBLASLt otherwise;
+  /// skinny takes m <= gemm_skinny_max_rows when asked for.
   kstatus run(const gemm_params& p, cudaStream_t stream, gemm_path path = gemm_path::automatic);
 
  private:
