@@ -7,7 +7,6 @@
 //
 //   bench_cuda_engine MODEL_DIR OUT.json [--bandwidth TBps] [--decode-only] [--quick]
 #include <cuda_runtime_api.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -15,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 #include <string>
@@ -44,7 +44,9 @@ double median(std::vector<double> v) {
 }
 
 double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 /// Device memory filled with random bf16 (a kernel of ours is not needed: host pattern, copied).
@@ -58,13 +60,16 @@ struct dmem {
     std::vector<uint16_t> host(std::min<uint64_t>(bytes / 2, 1u << 22));
     for (auto& x : host) x = k::f32_to_bf16(d(rng) * 0.5f);
     for (uint64_t at = 0; at < bytes; at += host.size() * 2) {
-      cuda_ok(cudaMemcpy(static_cast<char*>(p) + at, host.data(), std::min<uint64_t>(host.size() * 2, bytes - at),
-                         cudaMemcpyHostToDevice), "fill");
+      cuda_ok(cudaMemcpy(static_cast<char*>(p) + at, host.data(),
+                         std::min<uint64_t>(host.size() * 2, bytes - at), cudaMemcpyHostToDevice),
+              "fill");
     }
   }
   ~dmem() { cudaFree(p); }
   template <class T>
-  T* as() const { return static_cast<T*>(p); }
+  T* as() const {
+    return static_cast<T*>(p);
+  }
 };
 
 /// Median device time (ms) of fn over `reps` runs after `warm` warm-ups, with events.
@@ -93,7 +98,9 @@ double time_device(F&& fn, int warm = 2, int reps = 10) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: bench_cuda_engine MODEL_DIR OUT.json [--bandwidth TBps] [--decode-only] [--quick]\n");
+    std::fprintf(stderr,
+                 "usage: bench_cuda_engine MODEL_DIR OUT.json [--bandwidth TBps] [--decode-only] "
+                 "[--quick]\n");
     return 2;
   }
   const std::filesystem::path dir = argv[1];
@@ -101,14 +108,16 @@ int main(int argc, char** argv) {
   double bandwidth = 4.28e12;
   bool decode_only = false, quick = false;
   for (int i = 3; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--bandwidth") && i + 1 < argc) bandwidth = std::atof(argv[++i]) * 1e12;
+    if (!std::strcmp(argv[i], "--bandwidth") && i + 1 < argc)
+      bandwidth = std::atof(argv[++i]) * 1e12;
     if (!std::strcmp(argv[i], "--decode-only")) decode_only = true;
     if (!std::strcmp(argv[i], "--quick")) quick = true;
   }
   try {
     json report;
     const transformer_config c = load_hf_config(dir);
-    const uint64_t H = c.hidden_size, Q = c.q_dim(), KV = c.kv_dim(), F = c.intermediate_size, L = c.num_hidden_layers;
+    const uint64_t H = c.hidden_size, Q = c.q_dim(), KV = c.kv_dim(), F = c.intermediate_size,
+                   L = c.num_hidden_layers;
     const uint64_t linear_params = L * ((Q + 2 * KV) * H + H * Q + 2 * F * H + H * F);
     const uint64_t head_params = uint64_t{c.vocab_size} * H;
     const uint64_t weight_read = (linear_params + head_params) * 2;
@@ -119,8 +128,8 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     cuda_ok(cudaGetDeviceProperties(&prop, 0), "properties");
     report["device"] = prop.name;
-    std::printf("device %s, %d SMs; %.2f GB of weights read per decode step\n", prop.name, prop.multiProcessorCount,
-                weight_read / 1e9);
+    std::printf("device %s, %d SMs; %.2f GB of weights read per decode step\n", prop.name,
+                prop.multiProcessorCount, weight_read / 1e9);
 
     // ------------------------------------------------------------------ kernel rates
     json kr;
@@ -132,14 +141,22 @@ int main(int argc, char** argv) {
         const char* name;
         uint64_t n, k;
       };
-      const shape shapes[] = {{"qkv", Q + 2 * KV, H}, {"o", H, Q}, {"gate_up", 2 * F, H}, {"down", H, F}};
+      const shape shapes[] = {
+          {"qkv", Q + 2 * KV, H}, {"o", H, Q}, {"gate_up", 2 * F, H}, {"down", H, F}};
       const uint64_t M = 8192;
       dmem x(M * std::max(F, H) * 2), y(M * 2 * F * 2, false);
       double flops = 0, ms_total = 0;
       for (const shape& s : shapes) {
         dmem w(s.n * s.k * 2);
-        k::gemm_params g{x.as<uint16_t>(), static_cast<uint32_t>(s.k), w.as<uint16_t>(), nullptr, y.p,
-                         static_cast<uint32_t>(s.n), static_cast<uint32_t>(M), static_cast<uint32_t>(s.n), static_cast<uint32_t>(s.k)};
+        k::gemm_params g{x.as<uint16_t>(),
+                         static_cast<uint32_t>(s.k),
+                         w.as<uint16_t>(),
+                         nullptr,
+                         y.p,
+                         static_cast<uint32_t>(s.n),
+                         static_cast<uint32_t>(M),
+                         static_cast<uint32_t>(s.n),
+                         static_cast<uint32_t>(s.k)};
         const double ms = time_device([&] { k_ok(runner.run(g, nullptr)); });
         const double f = 2.0 * M * s.n * s.k;
         flops += f;
@@ -147,25 +164,32 @@ int main(int argc, char** argv) {
         kr[std::string("gemm_M8192_") + s.name + "_TFLOPs"] = f / ms / 1e9;
         // Batch 1: cuBLASLt against the skinny kernel, as bandwidth over the weight.
         g.m = 1;
-        const double lt = time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::cublaslt)); });
+        const double lt =
+            time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::cublaslt)); });
         const double sk = time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::skinny)); });
         kr[std::string("gemv_") + s.name + "_cublaslt_TBps"] = s.n * s.k * 2 / lt / 1e9;
         kr[std::string("gemv_") + s.name + "_skinny_TBps"] = s.n * s.k * 2 / sk / 1e9;
         g.m = 4;
         const double sk4 = time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::skinny)); });
-        const double lt4 = time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::cublaslt)); });
+        const double lt4 =
+            time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::cublaslt)); });
         g.m = 8;
-        const double lt8 = time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::cublaslt)); });
+        const double lt8 =
+            time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::cublaslt)); });
         g.m = 64;
-        const double lt64 = time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::cublaslt)); });
+        const double lt64 =
+            time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::cublaslt)); });
         kr[std::string("gemm_M4_") + s.name + "_skinny_TBps"] = s.n * s.k * 2 / sk4 / 1e9;
         kr[std::string("gemm_M4_") + s.name + "_cublaslt_TBps"] = s.n * s.k * 2 / lt4 / 1e9;
         kr[std::string("gemm_M8_") + s.name + "_cublaslt_TBps"] = s.n * s.k * 2 / lt8 / 1e9;
         kr[std::string("gemm_M64_") + s.name + "_cublaslt_TBps"] = s.n * s.k * 2 / lt64 / 1e9;
-        std::printf("gemm %-8s M=8192 %4.0f TFLOP/s | TB/s over the weight: M=1 cuBLASLt %.2f skinny %.2f | M=4 cuBLASLt %.2f "
-                    "skinny %.2f | M=8 cuBLASLt %.2f | M=64 cuBLASLt %.2f\n",
-                    s.name, f / ms / 1e9, s.n * s.k * 2 / lt / 1e9, s.n * s.k * 2 / sk / 1e9, s.n * s.k * 2 / lt4 / 1e9,
-                    s.n * s.k * 2 / sk4 / 1e9, s.n * s.k * 2 / lt8 / 1e9, s.n * s.k * 2 / lt64 / 1e9);
+        std::printf(
+            "gemm %-8s M=8192 %4.0f TFLOP/s | TB/s over the weight: M=1 cuBLASLt %.2f skinny %.2f "
+            "| M=4 cuBLASLt %.2f "
+            "skinny %.2f | M=8 cuBLASLt %.2f | M=64 cuBLASLt %.2f\n",
+            s.name, f / ms / 1e9, s.n * s.k * 2 / lt / 1e9, s.n * s.k * 2 / sk / 1e9,
+            s.n * s.k * 2 / lt4 / 1e9, s.n * s.k * 2 / sk4 / 1e9, s.n * s.k * 2 / lt8 / 1e9,
+            s.n * s.k * 2 / lt64 / 1e9);
       }
       gemm_rate = flops / ms_total * 1e3;
       kr["gemm_M8192_model_mix_TFLOPs"] = gemm_rate / 1e12;
@@ -182,7 +206,8 @@ int main(int argc, char** argv) {
       std::vector<int32_t> table(seq_blocks * batch);
       std::iota(table.begin(), table.end(), 0);
       dmem dtable(table.size() * 4, false);
-      cuda_ok(cudaMemcpy(dtable.p, table.data(), table.size() * 4, cudaMemcpyHostToDevice), "table");
+      cuda_ok(cudaMemcpy(dtable.p, table.data(), table.size() * 4, cudaMemcpyHostToDevice),
+              "table");
       const uint32_t qs = (heads + 2 * kvh) * 128;
       dmem q(uint64_t{ctx} * qs * 2), out(uint64_t{ctx} * heads * 128 * 2, false);
       std::vector<int32_t> meta = {0, ctx, 0, 0};
@@ -211,7 +236,8 @@ int main(int argc, char** argv) {
         const std::string v = "_v" + std::to_string(variant);
         kr["prefill_attention_8K_TFLOPs" + v] = flops / ms / 1e9;
         kr["prefill_attention_8K_layer_ms" + v] = ms;
-        std::printf("prefill attention 8K (one layer, causal), variant %u: %.2f ms, %.0f TFLOP/s\n", variant, ms, flops / ms / 1e9);
+        std::printf("prefill attention 8K (one layer, causal), variant %u: %.2f ms, %.0f TFLOP/s\n",
+                    variant, ms, flops / ms / 1e9);
       }
       // Decode attention: `batch` sequences of 8K keys.
       std::vector<int32_t> lens(batch, ctx), at(batch);
@@ -220,9 +246,11 @@ int main(int argc, char** argv) {
       cuda_ok(cudaMemcpy(dlens.p, lens.data(), batch * 4, cudaMemcpyHostToDevice), "lens");
       cuda_ok(cudaMemcpy(dat.p, at.data(), batch * 4, cudaMemcpyHostToDevice), "at");
       for (uint32_t b : {1u, batch}) {
-        const uint32_t splits = std::clamp((3u * prop.multiProcessorCount + b * kvh - 1) / (b * kvh), 1u, 64u);
+        const uint32_t splits =
+            std::clamp((3u * prop.multiProcessorCount + b * kvh - 1) / (b * kvh), 1u, 64u);
         dmem ws(k::decode_attention_workspace_bytes(b, heads, kvh, splits), false);
-        cuda_ok(cudaMemset(ws.p, 0, k::decode_attention_workspace_bytes(b, heads, kvh, splits)), "ws");
+        cuda_ok(cudaMemset(ws.p, 0, k::decode_attention_workspace_bytes(b, heads, kvh, splits)),
+                "ws");
         k::decode_attention_params d;
         d.q = q.as<uint16_t>();
         d.q_stride = qs;
@@ -246,8 +274,10 @@ int main(int argc, char** argv) {
           const std::string key = "decode_attention_B" + std::to_string(b) + "_8K";
           kr[key + "_TBps_v" + std::to_string(variant)] = bytes / dms / 1e9;
           kr[key + "_layer_us_v" + std::to_string(variant)] = dms * 1e3;
-          std::printf("decode attention B=%u ctx 8K (one layer, %u splits), variant %u: %.1f us, %.2f TB/s\n", b, splits,
-                      variant, dms * 1e3, bytes / dms / 1e9);
+          std::printf(
+              "decode attention B=%u ctx 8K (one layer, %u splits), variant %u: %.1f us, %.2f "
+              "TB/s\n",
+              b, splits, variant, dms * 1e3, bytes / dms / 1e9);
         }
       }
     }
@@ -264,14 +294,16 @@ int main(int argc, char** argv) {
     double t0 = now_ms();
     cuda_engine engine(dir, params);
     report["load_s"] = (now_ms() - t0) / 1e3;
-    std::printf("engine loaded in %.1f s (%.2f GB of weights), KV pool %u blocks of %.1f MB\n", (now_ms() - t0) / 1e3,
-                engine.weight_bytes() / 1e9, engine.kv_blocks(), engine.info().block_bytes / 1e6);
+    std::printf("engine loaded in %.1f s (%.2f GB of weights), KV pool %u blocks of %.1f MB\n",
+                (now_ms() - t0) / 1e3, engine.weight_bytes() / 1e9, engine.kv_blocks(),
+                engine.info().block_bytes / 1e6);
     const uint64_t block_bytes = engine.info().block_bytes;
     std::mt19937 rng(7);
 
     json prefill = json::array();
     if (!decode_only) {
-      std::vector<int> lengths = quick ? std::vector<int>{2048, 8192} : std::vector<int>{2048, 8192, 32768};
+      std::vector<int> lengths =
+          quick ? std::vector<int>{2048, 8192} : std::vector<int>{2048, 8192, 32768};
       for (int len : lengths) {
         std::vector<int32_t> toks(len);
         for (auto& t : toks) t = static_cast<int32_t>(rng() % 128000);
@@ -287,13 +319,20 @@ int main(int argc, char** argv) {
           t.push_back(now_ms() - a);
         }
         const double ms = median(t);
-        const double flops = 2.0 * linear_params * len + 2.0 * head_params +
-                             4.0 * (double(len) * (len + 1) / 2) * c.num_attention_heads * c.head_dim * L;
+        const double flops =
+            2.0 * linear_params * len + 2.0 * head_params +
+            4.0 * (double(len) * (len + 1) / 2) * c.num_attention_heads * c.head_dim * L;
         const double floor_ms = flops / gemm_rate * 1e3;
-        prefill.push_back({{"tokens", len}, {"ms", ms}, {"tok_s", len / ms * 1e3}, {"TFLOPs", flops / ms / 1e9},
-                           {"floor_ms", floor_ms}, {"floor_fraction", floor_ms / ms}});
-        std::printf("prefill %6d tokens: %8.1f ms, %7.0f tok/s, %4.0f TFLOP/s; floor %.1f ms (%.0f%% of floor speed)\n", len, ms,
-                    len / ms * 1e3, flops / ms / 1e9, floor_ms, 100 * floor_ms / ms);
+        prefill.push_back({{"tokens", len},
+                           {"ms", ms},
+                           {"tok_s", len / ms * 1e3},
+                           {"TFLOPs", flops / ms / 1e9},
+                           {"floor_ms", floor_ms},
+                           {"floor_fraction", floor_ms / ms}});
+        std::printf(
+            "prefill %6d tokens: %8.1f ms, %7.0f tok/s, %4.0f TFLOP/s; floor %.1f ms (%.0f%% of "
+            "floor speed)\n",
+            len, ms, len / ms * 1e3, flops / ms / 1e9, floor_ms, 100 * floor_ms / ms);
       }
     }
     report["prefill"] = prefill;
@@ -309,8 +348,9 @@ int main(int argc, char** argv) {
       const std::vector<uint32_t> zero{0};
       if (!engine.write_blocks(zero, block)) throw std::runtime_error("write_blocks");
       for (uint32_t b = 1; b < engine.kv_blocks(); ++b) {
-        cuda_ok(cudaMemcpy(static_cast<char*>(engine.kv_pool()) + b * block_bytes, engine.kv_pool(), block_bytes,
-                           cudaMemcpyDeviceToDevice), "fill pool");
+        cuda_ok(cudaMemcpy(static_cast<char*>(engine.kv_pool()) + b * block_bytes, engine.kv_pool(),
+                           block_bytes, cudaMemcpyDeviceToDevice),
+                "fill pool");
       }
       cuda_ok(cudaDeviceSynchronize(), "fill pool");
     }
@@ -318,12 +358,14 @@ int main(int argc, char** argv) {
     struct cfg {
       uint32_t batch, ctx;
     };
-    std::vector<cfg> cfgs = {{1, 1024}, {1, 8192}, {4, 1024}, {8, 1024}, {8, 8192}, {64, 1024}, {64, 8192}, {256, 1024}};
+    std::vector<cfg> cfgs = {{1, 1024}, {1, 8192},  {4, 1024},  {8, 1024},
+                             {8, 8192}, {64, 1024}, {64, 8192}, {256, 1024}};
     if (quick) cfgs = {{1, 1024}, {8, 1024}, {64, 1024}};
     for (const cfg& cf : cfgs) {
       const uint32_t per_seq = (cf.ctx + 1 + 15) / 16;
       if (uint64_t{per_seq} * cf.batch > engine.kv_blocks()) {
-        std::printf("decode B=%u ctx %u: skipped (needs %u blocks)\n", cf.batch, cf.ctx, per_seq * cf.batch);
+        std::printf("decode B=%u ctx %u: skipped (needs %u blocks)\n", cf.batch, cf.ctx,
+                    per_seq * cf.batch);
         continue;
       }
       std::vector<std::vector<int32_t>> hist(cf.batch);
@@ -345,19 +387,28 @@ int main(int argc, char** argv) {
       }
       std::sort(t.begin(), t.end());
       const double ms = median(t);
-      const double floor_ms = (weight_read + double(cf.batch) * cf.ctx * kv_per_token) / bandwidth * 1e3;
-      decode.push_back({{"batch", cf.batch}, {"context", cf.ctx}, {"ms", ms}, {"p10_ms", t[t.size() / 10]},
-                        {"p90_ms", t[t.size() * 9 / 10]}, {"floor_ms", floor_ms}, {"floor_fraction", floor_ms / ms},
+      const double floor_ms =
+          (weight_read + double(cf.batch) * cf.ctx * kv_per_token) / bandwidth * 1e3;
+      decode.push_back({{"batch", cf.batch},
+                        {"context", cf.ctx},
+                        {"ms", ms},
+                        {"p10_ms", t[t.size() / 10]},
+                        {"p90_ms", t[t.size() * 9 / 10]},
+                        {"floor_ms", floor_ms},
+                        {"floor_fraction", floor_ms / ms},
                         {"tok_s", cf.batch / ms * 1e3}});
-      std::printf("decode B=%3u ctx %5u: %7.3f ms/step (p10 %.3f, p90 %.3f), floor %.3f ms (%.0f%%), %7.0f tok/s\n",
-                  cf.batch, cf.ctx, ms, t[t.size() / 10], t[t.size() * 9 / 10], floor_ms, 100 * floor_ms / ms,
-                  cf.batch / ms * 1e3);
+      std::printf(
+          "decode B=%3u ctx %5u: %7.3f ms/step (p10 %.3f, p90 %.3f), floor %.3f ms (%.0f%%), %7.0f "
+          "tok/s\n",
+          cf.batch, cf.ctx, ms, t[t.size() / 10], t[t.size() * 9 / 10], floor_ms,
+          100 * floor_ms / ms, cf.batch / ms * 1e3);
     }
     report["decode"] = decode;
     report["graph_steps"] = engine.graph_steps();
     report["eager_steps"] = engine.eager_steps();
     report["pdl"] = std::getenv("DUET_CUDA_PDL") ? std::getenv("DUET_CUDA_PDL") : "1";
-    report["attention_variant"] = std::getenv("DUET_CUDA_ATTN_VARIANT") ? std::getenv("DUET_CUDA_ATTN_VARIANT") : "0";
+    report["attention_variant"] =
+        std::getenv("DUET_CUDA_ATTN_VARIANT") ? std::getenv("DUET_CUDA_ATTN_VARIANT") : "0";
     report["skinny_gemm"] = k::gemm_skinny_enabled();
     std::ofstream(out_file) << report.dump(1) << "\n";
     return 0;

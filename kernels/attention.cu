@@ -14,11 +14,13 @@ constexpr float log2e = 1.4426950408889634f;
 // --------------------------------------------------------------------------- shared tile math
 //
 // A warp owns 16 query rows. Fragment layouts (mma.m16n8k16): lane = 4 g + t; an accumulator
-// tile c[4] of 16 x 8 holds (row g, cols 2t, 2t+1) in c[0..1] and (row g + 8, same cols) in c[2..3].
+// tile c[4] of 16 x 8 holds (row g, cols 2t, 2t+1) in c[0..1] and (row g + 8, same cols) in
+// c[2..3].
 
 /// s[NT] (16 rows x 8 NT keys) = q (16 x 128, A fragments) . K^T, K rows (keys) swizzled in smem.
 template <int NT>
-__device__ __forceinline__ void qk_tile(float (&s)[NT][4], const uint32_t (&qf)[8][4], const uint16_t* k_smem, int lane) {
+__device__ __forceinline__ void qk_tile(float (&s)[NT][4], const uint32_t (&qf)[8][4],
+                                        const uint16_t* k_smem, int lane) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
@@ -26,7 +28,8 @@ __device__ __forceinline__ void qk_tile(float (&s)[NT][4], const uint32_t (&qf)[
 #pragma unroll
     for (int nn = 0; nn < NT / 2; ++nn) {
       uint32_t b[4];
-      dev::ldsm_x4(b, k_smem + dev::swz(nn * 16 + ((lane >> 4) & 1) * 8 + (lane & 7), kk * 2 + ((lane >> 3) & 1)));
+      dev::ldsm_x4(b, k_smem + dev::swz(nn * 16 + ((lane >> 4) & 1) * 8 + (lane & 7),
+                                        kk * 2 + ((lane >> 3) & 1)));
       dev::mma_bf16(s[2 * nn], qf[kk], b[0], b[1]);
       dev::mma_bf16(s[2 * nn + 1], qf[kk], b[2], b[3]);
     }
@@ -36,8 +39,8 @@ __device__ __forceinline__ void qk_tile(float (&s)[NT][4], const uint32_t (&qf)[
 /// Online softmax update of rows g and g + 8: s becomes the probabilities (unnormalised), o and l
 /// are rescaled to the new running maximum m (kept in raw score units).
 template <int NT>
-__device__ __forceinline__ void softmax_update(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&o)[16][4],
-                                               float scale_log2) {
+__device__ __forceinline__ void softmax_update(float (&s)[NT][4], float (&m)[2], float (&l)[2],
+                                               float (&o)[16][4], float scale_log2) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float mx = -INFINITY;
@@ -64,17 +67,22 @@ __device__ __forceinline__ void softmax_update(float (&s)[NT][4], float (&m)[2],
   }
 }
 
-/// o (16 x 128) += p (16 x 8 NT, from the accumulators of softmax_update) . V, V rows swizzled in smem.
+/// o (16 x 128) += p (16 x 8 NT, from the accumulators of softmax_update) . V, V rows swizzled in
+/// smem.
 template <int NT>
-__device__ __forceinline__ void pv_tile(float (&o)[16][4], const float (&s)[NT][4], const uint16_t* v_smem, int lane) {
+__device__ __forceinline__ void pv_tile(float (&o)[16][4], const float (&s)[NT][4],
+                                        const uint16_t* v_smem, int lane) {
 #pragma unroll
   for (int kk = 0; kk < NT / 2; ++kk) {
-    const uint32_t a[4] = {dev::pack(s[2 * kk][0], s[2 * kk][1]), dev::pack(s[2 * kk][2], s[2 * kk][3]),
-                           dev::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]), dev::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+    const uint32_t a[4] = {dev::pack(s[2 * kk][0], s[2 * kk][1]),
+                           dev::pack(s[2 * kk][2], s[2 * kk][3]),
+                           dev::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                           dev::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
     for (int dn = 0; dn < 8; ++dn) {
       uint32_t b[4];
-      dev::ldsm_x4_t(b, v_smem + dev::swz(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), dn * 2 + ((lane >> 4) & 1)));
+      dev::ldsm_x4_t(b, v_smem + dev::swz(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7),
+                                          dn * 2 + ((lane >> 4) & 1)));
       dev::mma_bf16(o[2 * dn], a, b[0], b[1]);
       dev::mma_bf16(o[2 * dn + 1], a, b[2], b[3]);
     }
@@ -83,9 +91,10 @@ __device__ __forceinline__ void pv_tile(float (&o)[16][4], const float (&s)[NT][
 
 /// Copies `keys` K or V rows (16 chunks of 16 bytes each) of (layer, kv_head) starting at key
 /// `key0` into swizzled smem; keys at or past `key_end` become zeros. `lanes` threads take part.
-__device__ __forceinline__ void load_kv_rows(uint16_t* dst, const kv_pool_view& kv, const int32_t* table,
-                                             uint32_t layer, uint32_t kv_sel, uint32_t kv_head, int key0, int keys,
-                                             int key_end, int lane, int lanes) {
+__device__ __forceinline__ void load_kv_rows(uint16_t* dst, const kv_pool_view& kv,
+                                             const int32_t* table, uint32_t layer, uint32_t kv_sel,
+                                             uint32_t kv_head, int key0, int keys, int key_end,
+                                             int lane, int lanes) {
   for (int i = lane; i < keys * 16; i += lanes) {
     const int r = i >> 4, c = i & 15;
     const int key = key0 + r;
@@ -94,7 +103,8 @@ __device__ __forceinline__ void load_kv_rows(uint16_t* dst, const kv_pool_view& 
     if (valid) {
       const uint32_t block = static_cast<uint32_t>(table[key / static_cast<int>(kv.block_tokens)]);
       const uint32_t slot = static_cast<uint32_t>(key) % kv.block_tokens;
-      src = kv.pool + static_cast<uint64_t>(block) * kv.block_elems + kv.offset(layer, kv_sel, kv_head, slot) + c * 8;
+      src = kv.pool + static_cast<uint64_t>(block) * kv.block_elems +
+            kv.offset(layer, kv_sel, kv_head, slot) + c * 8;
     }
     dev::cp_async16(dst + dev::swz(r, c), src, valid);
   }
@@ -102,21 +112,23 @@ __device__ __forceinline__ void load_kv_rows(uint16_t* dst, const kv_pool_view& 
 
 /// Copies half `half` (chunks 8 half .. 8 half + 7) of row `row` of a K or V tile: the key's
 /// (block, slot) were resolved by the caller, once per tile; an invalid key gives zeros.
-__device__ __forceinline__ void load_half_row(uint16_t* dst, const kv_pool_view& kv, uint32_t layer, uint32_t kv_sel,
-                                              uint32_t kv_head, int32_t block, uint32_t slot, int row, int half,
-                                              bool valid) {
+__device__ __forceinline__ void load_half_row(uint16_t* dst, const kv_pool_view& kv, uint32_t layer,
+                                              uint32_t kv_sel, uint32_t kv_head, int32_t block,
+                                              uint32_t slot, int row, int half, bool valid) {
   const uint16_t* src = kv.pool;
   if (valid) {
-    src = kv.pool + static_cast<uint64_t>(block) * kv.block_elems + kv.offset(layer, kv_sel, kv_head, slot) + half * 64;
+    src = kv.pool + static_cast<uint64_t>(block) * kv.block_elems +
+          kv.offset(layer, kv_sel, kv_head, slot) + half * 64;
   }
 #pragma unroll
-  for (int i = 0; i < 8; ++i) dev::cp_async16(dst + dev::swz(row, half * 8 + i), valid ? src + i * 8 : src, valid);
+  for (int i = 0; i < 8; ++i)
+    dev::cp_async16(dst + dev::swz(row, half * 8 + i), valid ? src + i * 8 : src, valid);
 }
 
 // ----------------------------------------------------------------------------------- prefill
 
-constexpr int pf_rows = 64;   // query rows per CTA (4 warps x 16)
-constexpr int pf_keys = 64;   // keys per tile
+constexpr int pf_rows = 64;  // query rows per CTA (4 warps x 16)
+constexpr int pf_keys = 64;  // keys per tile
 constexpr int pf_threads = 128;
 constexpr int pf_smem = (pf_rows + 2 * pf_keys) * head_dim * 2;  // Q, K, V tiles: 48 KiB
 
@@ -133,8 +145,8 @@ __global__ void __launch_bounds__(pf_threads) prefill_kernel(prefill_attention_p
   const int tiles = (rows + pf_rows - 1) / pf_rows;
   if (static_cast<int>(blockIdx.x) >= tiles) return;
   const int m0 = (tiles - 1 - static_cast<int>(blockIdx.x)) * pf_rows;  // longest tiles first
-  const int pos0 = p.seq_start[seq] + m0;                                // position of the tile's row 0
-  const int kv_len = p.seq_start[seq] + min(m0 + pf_rows, rows);         // keys the tile needs
+  const int pos0 = p.seq_start[seq] + m0;                         // position of the tile's row 0
+  const int kv_len = p.seq_start[seq] + min(m0 + pf_rows, rows);  // keys the tile needs
   const uint32_t kv_head = head / (p.heads / p.kv_heads);
   const int32_t* table = p.block_table + p.seq_table[seq];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -142,7 +154,9 @@ __global__ void __launch_bounds__(pf_threads) prefill_kernel(prefill_attention_p
   for (int i = tid; i < pf_rows * 16; i += pf_threads) {
     const int r = i >> 4, c = i & 15;
     const bool valid = m0 + r < rows;
-    const uint16_t* src = valid ? p.q + static_cast<uint64_t>(row_begin + m0 + r) * p.q_stride + head * head_dim + c * 8 : p.q;
+    const uint16_t* src = valid ? p.q + static_cast<uint64_t>(row_begin + m0 + r) * p.q_stride +
+                                      head * head_dim + c * 8
+                                : p.q;
     dev::cp_async16(q_s + dev::swz(r, c), src, valid);
   }
   load_kv_rows(k_s, p.kv, table, p.layer, 0, kv_head, 0, pf_keys, kv_len, tid, pf_threads);
@@ -160,10 +174,12 @@ __global__ void __launch_bounds__(pf_threads) prefill_kernel(prefill_attention_p
     if (j == 0) {
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
-        dev::ldsm_x4(qf[kk], q_s + dev::swz(warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), kk * 2 + ((lane >> 4) & 1)));
+        dev::ldsm_x4(qf[kk], q_s + dev::swz(warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7),
+                                            kk * 2 + ((lane >> 4) & 1)));
       }
     }
-    load_kv_rows(v_s, p.kv, table, p.layer, 1, kv_head, j * pf_keys, pf_keys, kv_len, tid, pf_threads);
+    load_kv_rows(v_s, p.kv, table, p.layer, 1, kv_head, j * pf_keys, pf_keys, kv_len, tid,
+                 pf_threads);
     dev::cp_async_commit();
 
     float s[8][4];
@@ -184,7 +200,8 @@ __global__ void __launch_bounds__(pf_threads) prefill_kernel(prefill_attention_p
     dev::cp_async_wait<0>();
     __syncthreads();  // V_j visible; every warp is done with K_j
     if (j + 1 < n_tiles) {
-      load_kv_rows(k_s, p.kv, table, p.layer, 0, kv_head, (j + 1) * pf_keys, pf_keys, kv_len, tid, pf_threads);
+      load_kv_rows(k_s, p.kv, table, p.layer, 0, kv_head, (j + 1) * pf_keys, pf_keys, kv_len, tid,
+                   pf_threads);
       dev::cp_async_commit();
     }
     pv_tile<8>(o, s, v_s, lane);
@@ -198,10 +215,12 @@ __global__ void __launch_bounds__(pf_threads) prefill_kernel(prefill_attention_p
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     const int row = m0 + warp * 16 + g + r * 8;
     if (row >= rows) continue;
-    uint16_t* dst = p.out + static_cast<uint64_t>(row_begin + row) * p.out_stride + head * head_dim + 2 * t;
+    uint16_t* dst =
+        p.out + static_cast<uint64_t>(row_begin + row) * p.out_stride + head * head_dim + 2 * t;
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt) {
-      *reinterpret_cast<uint32_t*>(dst + nt * 8) = dev::pack(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
+      *reinterpret_cast<uint32_t*>(dst + nt * 8) =
+          dev::pack(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
     }
   }
 }
@@ -209,7 +228,8 @@ __global__ void __launch_bounds__(pf_threads) prefill_kernel(prefill_attention_p
 // Variant 0 (default): K and V tiles double-buffered, so tile j + 1 streams in during all of
 // tile j's math; each thread loads half of one row per tile and resolves that row's page once,
 // one tile ahead. Variant 1 (prefill_kernel above) is the first, single-buffered version.
-constexpr int pf2_smem = (pf_rows + 4 * pf_keys) * head_dim * 2;  // Q + two stages of K and V: 80 KiB
+constexpr int pf2_smem =
+    (pf_rows + 4 * pf_keys) * head_dim * 2;  // Q + two stages of K and V: 80 KiB
 
 __global__ void __launch_bounds__(pf_threads) prefill_kernel_v2(prefill_attention_params p) {
   dev::pdl_wait();
@@ -236,15 +256,20 @@ __global__ void __launch_bounds__(pf_threads) prefill_kernel_v2(prefill_attentio
     const int key = j * pf_keys + row;
     const bool valid = key < kv_len;
     uint16_t* st = kv_s + (j & 1) * 2 * tile;
-    load_half_row(st, p.kv, p.layer, 0, kv_head, block, static_cast<uint32_t>(key % bt), row, half, valid);
-    load_half_row(st + tile, p.kv, p.layer, 1, kv_head, block, static_cast<uint32_t>(key % bt), row, half, valid);
+    load_half_row(st, p.kv, p.layer, 0, kv_head, block, static_cast<uint32_t>(key % bt), row, half,
+                  valid);
+    load_half_row(st + tile, p.kv, p.layer, 1, kv_head, block, static_cast<uint32_t>(key % bt), row,
+                  half, valid);
   };
 
   {
     const bool valid = m0 + row < rows;
-    const uint16_t* src = valid ? p.q + static_cast<uint64_t>(row_begin + m0 + row) * p.q_stride + head * head_dim + half * 64 : p.q;
+    const uint16_t* src = valid ? p.q + static_cast<uint64_t>(row_begin + m0 + row) * p.q_stride +
+                                      head * head_dim + half * 64
+                                : p.q;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) dev::cp_async16(q_s + dev::swz(row, half * 8 + i), valid ? src + i * 8 : src, valid);
+    for (int i = 0; i < 8; ++i)
+      dev::cp_async16(q_s + dev::swz(row, half * 8 + i), valid ? src + i * 8 : src, valid);
   }
   const int n_tiles = (kv_len + pf_keys - 1) / pf_keys;
   load_tile(0, block_of(row));
@@ -269,7 +294,8 @@ __global__ void __launch_bounds__(pf_threads) prefill_kernel_v2(prefill_attentio
     if (j == 0) {
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
-        dev::ldsm_x4(qf[kk], q_s + dev::swz(warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), kk * 2 + ((lane >> 4) & 1)));
+        dev::ldsm_x4(qf[kk], q_s + dev::swz(warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7),
+                                            kk * 2 + ((lane >> 4) & 1)));
       }
     }
     const uint16_t* k_s = kv_s + (j & 1) * 2 * tile;
@@ -299,10 +325,12 @@ __global__ void __launch_bounds__(pf_threads) prefill_kernel_v2(prefill_attentio
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     const int out_row = m0 + warp * 16 + g + r * 8;
     if (out_row >= rows) continue;
-    uint16_t* dst = p.out + static_cast<uint64_t>(row_begin + out_row) * p.out_stride + head * head_dim + 2 * t;
+    uint16_t* dst =
+        p.out + static_cast<uint64_t>(row_begin + out_row) * p.out_stride + head * head_dim + 2 * t;
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt) {
-      *reinterpret_cast<uint32_t*>(dst + nt * 8) = dev::pack(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
+      *reinterpret_cast<uint32_t*>(dst + nt * 8) =
+          dev::pack(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
     }
   }
 }
@@ -320,10 +348,12 @@ struct decode_workspace {
   float* partial_ml;   // [batch, heads, max_splits, 2]
 };
 
-__host__ __device__ inline uint64_t align256(uint64_t v) { return (v + 255) / 256 * 256; }
+__host__ __device__ inline uint64_t align256(uint64_t v) {
+  return (v + 255) / 256 * 256;
+}
 
-__host__ __device__ inline decode_workspace carve(void* base, uint32_t batch, uint32_t heads, uint32_t kv_heads,
-                                                  uint32_t max_splits) {
+__host__ __device__ inline decode_workspace carve(void* base, uint32_t batch, uint32_t heads,
+                                                  uint32_t kv_heads, uint32_t max_splits) {
   char* p = static_cast<char*>(base);
   decode_workspace w;
   w.counters = reinterpret_cast<uint32_t*>(p);
@@ -336,7 +366,8 @@ __host__ __device__ inline decode_workspace carve(void* base, uint32_t batch, ui
 
 /// The split of a sequence of `len` keys: `chunk` keys per CTA (a multiple of the warp tile of
 /// `tile_keys`), `splits` CTAs.
-__device__ __forceinline__ void split_of(int len, const decode_attention_params& p, int tile_keys, int& chunk, int& splits) {
+__device__ __forceinline__ void split_of(int len, const decode_attention_params& p, int tile_keys,
+                                         int& chunk, int& splits) {
   const int min_keys = max(static_cast<int>(p.split_min_keys), 1);
   int want = min(static_cast<int>(p.max_splits), (len + min_keys - 1) / min_keys);
   want = max(want, 1);
@@ -347,8 +378,9 @@ __device__ __forceinline__ void split_of(int len, const decode_attention_params&
 /// The end of a decode CTA: merges its four warps' (m, l, o) through shared memory, writes the
 /// result (one split) or its partial (several), and the last CTA of the (sequence, KV head) to
 /// finish merges every split's partial into the output.
-__device__ __forceinline__ void decode_finish(const decode_attention_params& p, uint16_t* smem, const float (&o)[16][4],
-                                              const float (&m)[2], const float (&l)[2], int b, int kv_head, int split,
+__device__ __forceinline__ void decode_finish(const decode_attention_params& p, uint16_t* smem,
+                                              const float (&o)[16][4], const float (&m)[2],
+                                              const float (&l)[2], int b, int kv_head, int split,
                                               int splits, float scale_log2) {
   __shared__ bool last_cta;
   const int group = p.heads / p.kv_heads;
@@ -383,7 +415,8 @@ __device__ __forceinline__ void decode_finish(const decode_attention_params& p, 
     float sum = 0.0f, acc = 0.0f;
 #pragma unroll
     for (int w = 0; w < dc_warps; ++w) {
-      const float f = sm[w * 16 + r] == -INFINITY ? 0.0f : exp2f((sm[w * 16 + r] - mx) * scale_log2);
+      const float f =
+          sm[w * 16 + r] == -INFINITY ? 0.0f : exp2f((sm[w * 16 + r] - mx) * scale_log2);
       sum += sl[w * 16 + r] * f;
       acc += so[(w * 16 + r) * head_dim + d] * f;
     }
@@ -416,7 +449,8 @@ __device__ __forceinline__ void decode_finish(const decode_attention_params& p, 
   float* ml = so;  // [group][splits][2]
   for (int i = tid; i < group * splits; i += dc_threads) {
     const int r = i / splits, s = i % splits;
-    const uint64_t at = (static_cast<uint64_t>(b) * p.heads + kv_head * group + r) * p.max_splits + s;
+    const uint64_t at =
+        (static_cast<uint64_t>(b) * p.heads + kv_head * group + r) * p.max_splits + s;
     ml[i * 2] = __ldcg(ws.partial_ml + at * 2);
     ml[i * 2 + 1] = __ldcg(ws.partial_ml + at * 2 + 1);
   }
@@ -462,13 +496,15 @@ __global__ void __launch_bounds__(dc_threads) decode_kernel(decode_attention_par
 
   // The group's query rows as A fragments, read straight from global memory (rows >= group: 0).
   uint32_t qf[8][4];
-  const uint16_t* qrow = p.q + static_cast<uint64_t>(b) * p.q_stride + static_cast<uint64_t>(kv_head) * group * head_dim;
+  const uint16_t* qrow = p.q + static_cast<uint64_t>(b) * p.q_stride +
+                         static_cast<uint64_t>(kv_head) * group * head_dim;
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
 #pragma unroll
     for (int ri = 0; ri < 4; ++ri) {
       const int row = g + (ri & 1) * 8, col = kk * 16 + 2 * t + (ri >> 1) * 8;
-      qf[kk][ri] = row < group ? *reinterpret_cast<const uint32_t*>(qrow + row * head_dim + col) : 0u;
+      qf[kk][ri] =
+          row < group ? *reinterpret_cast<const uint32_t*>(qrow + row * head_dim + col) : 0u;
     }
   }
 
@@ -506,7 +542,8 @@ __global__ void __launch_bounds__(dc_threads) decode_kernel(decode_attention_par
 // of one row per tile and resolves that row's page one tile ahead. Variant 1 (decode_kernel
 // above) is the first, single-buffered version.
 constexpr int dc2_keys = 16;
-constexpr int dc2_smem = dc_warps * 2 * 2 * dc2_keys * head_dim * 2;  // warps x stages x (K, V): 64 KiB
+constexpr int dc2_smem =
+    dc_warps * 2 * 2 * dc2_keys * head_dim * 2;  // warps x stages x (K, V): 64 KiB
 
 __global__ void __launch_bounds__(dc_threads) decode_kernel_v2(decode_attention_params p) {
   dev::pdl_wait();
@@ -532,13 +569,15 @@ __global__ void __launch_bounds__(dc_threads) decode_kernel_v2(decode_attention_
   const int bt = static_cast<int>(p.kv.block_tokens);
 
   uint32_t qf[8][4];
-  const uint16_t* qrow = p.q + static_cast<uint64_t>(b) * p.q_stride + static_cast<uint64_t>(kv_head) * group * head_dim;
+  const uint16_t* qrow = p.q + static_cast<uint64_t>(b) * p.q_stride +
+                         static_cast<uint64_t>(kv_head) * group * head_dim;
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
 #pragma unroll
     for (int ri = 0; ri < 4; ++ri) {
       const int row = g + (ri & 1) * 8, col = kk * 16 + 2 * t + (ri >> 1) * 8;
-      qf[kk][ri] = row < group ? *reinterpret_cast<const uint32_t*>(qrow + row * head_dim + col) : 0u;
+      qf[kk][ri] =
+          row < group ? *reinterpret_cast<const uint32_t*>(qrow + row * head_dim + col) : 0u;
     }
   }
 
@@ -550,8 +589,10 @@ __global__ void __launch_bounds__(dc_threads) decode_kernel_v2(decode_attention_
     const int key = key0 + row;
     const bool valid = key < k_end;
     uint16_t* st = wbuf + stage * 2 * tile;
-    load_half_row(st, p.kv, p.layer, 0, kv_head, block, static_cast<uint32_t>(key % bt), row, half, valid);
-    load_half_row(st + tile, p.kv, p.layer, 1, kv_head, block, static_cast<uint32_t>(key % bt), row, half, valid);
+    load_half_row(st, p.kv, p.layer, 0, kv_head, block, static_cast<uint32_t>(key % bt), row, half,
+                  valid);
+    load_half_row(st + tile, p.kv, p.layer, 1, kv_head, block, static_cast<uint32_t>(key % bt), row,
+                  half, valid);
   };
   constexpr int step = dc_warps * dc2_keys;
   int key0 = k_begin + warp * dc2_keys;
@@ -598,25 +639,32 @@ kstatus prefill_attention(const prefill_attention_params& p, cudaStream_t stream
   DUET_KREQUIRE(p.kv.head_dim == head_dim, "prefill_attention: head_dim must be 128");
   DUET_KREQUIRE(p.kv_heads > 0 && p.heads % p.kv_heads == 0 && p.kv_heads == p.kv.kv_heads,
                 "prefill_attention: kv_heads must divide heads and match the pool");
-  DUET_KREQUIRE(p.q_stride % 8 == 0 && p.out_stride % 8 == 0, "prefill_attention: strides must be multiples of 8");
-  DUET_KREQUIRE(p.layer < p.kv.layers && p.kv.block_tokens > 0, "prefill_attention: bad layer or block size");
-  DUET_KREQUIRE(p.q && p.out && p.kv.pool && p.block_table && p.seq_rows && p.seq_start && p.seq_table,
-                "prefill_attention: null pointer");
-  DUET_KREQUIRE(p.heads <= 65535 && p.seqs <= 65535, "prefill_attention: too many heads or sequences");
+  DUET_KREQUIRE(p.q_stride % 8 == 0 && p.out_stride % 8 == 0,
+                "prefill_attention: strides must be multiples of 8");
+  DUET_KREQUIRE(p.layer < p.kv.layers && p.kv.block_tokens > 0,
+                "prefill_attention: bad layer or block size");
+  DUET_KREQUIRE(
+      p.q && p.out && p.kv.pool && p.block_table && p.seq_rows && p.seq_start && p.seq_table,
+      "prefill_attention: null pointer");
+  DUET_KREQUIRE(p.heads <= 65535 && p.seqs <= 65535,
+                "prefill_attention: too many heads or sequences");
   if (p.seqs == 0 || p.max_seq_rows == 0) return {};
   DUET_KREQUIRE(p.variant <= 1, "prefill_attention: variant must be 0 or 1");
   const dim3 grid((p.max_seq_rows + pf_rows - 1) / pf_rows, p.heads, p.seqs);
   if (p.variant == 1) {
     DUET_KCHECK(launch(prefill_kernel, grid, dim3(pf_threads), pf_smem, stream, p));
   } else {
-    DUET_KCHECK(cudaFuncSetAttribute(prefill_kernel_v2, cudaFuncAttributeMaxDynamicSharedMemorySize, pf2_smem));
+    DUET_KCHECK(cudaFuncSetAttribute(prefill_kernel_v2, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     pf2_smem));
     DUET_KCHECK(launch(prefill_kernel_v2, grid, dim3(pf_threads), pf2_smem, stream, p));
   }
   return {};
 }
 
-uint64_t decode_attention_workspace_bytes(uint32_t batch, uint32_t heads, uint32_t kv_heads, uint32_t max_splits) {
-  return align256(uint64_t{batch} * kv_heads * 4) + align256(uint64_t{batch} * heads * max_splits * head_dim * 4) +
+uint64_t decode_attention_workspace_bytes(uint32_t batch, uint32_t heads, uint32_t kv_heads,
+                                          uint32_t max_splits) {
+  return align256(uint64_t{batch} * kv_heads * 4) +
+         align256(uint64_t{batch} * heads * max_splits * head_dim * 4) +
          align256(uint64_t{batch} * heads * max_splits * 2 * 4);
 }
 
@@ -625,20 +673,25 @@ kstatus decode_attention(const decode_attention_params& p, cudaStream_t stream) 
   DUET_KREQUIRE(p.kv_heads > 0 && p.heads % p.kv_heads == 0 && p.kv_heads == p.kv.kv_heads,
                 "decode_attention: kv_heads must divide heads and match the pool");
   DUET_KREQUIRE(p.heads / p.kv_heads <= 16, "decode_attention: at most 16 query heads per KV head");
-  DUET_KREQUIRE(p.max_splits >= 1 && p.max_splits <= decode_attention_max_splits, "decode_attention: max_splits out of range");
+  DUET_KREQUIRE(p.max_splits >= 1 && p.max_splits <= decode_attention_max_splits,
+                "decode_attention: max_splits out of range");
   DUET_KREQUIRE(p.q_stride % 2 == 0, "decode_attention: q_stride must be even");
-  DUET_KREQUIRE(p.layer < p.kv.layers && p.kv.block_tokens > 0, "decode_attention: bad layer or block size");
-  DUET_KREQUIRE(p.q && p.out && p.kv.pool && p.block_table && p.seq_table && p.seq_lens && p.workspace,
-                "decode_attention: null pointer");
+  DUET_KREQUIRE(p.layer < p.kv.layers && p.kv.block_tokens > 0,
+                "decode_attention: bad layer or block size");
+  DUET_KREQUIRE(
+      p.q && p.out && p.kv.pool && p.block_table && p.seq_table && p.seq_lens && p.workspace,
+      "decode_attention: null pointer");
   DUET_KREQUIRE(p.batch <= 65535, "decode_attention: batch over 65535");
   if (p.batch == 0) return {};
   DUET_KREQUIRE(p.variant <= 1, "decode_attention: variant must be 0 or 1");
   const dim3 grid(p.max_splits, p.kv_heads, p.batch);
   if (p.variant == 1) {
-    DUET_KCHECK(cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dc_smem));
+    DUET_KCHECK(
+        cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dc_smem));
     DUET_KCHECK(launch(decode_kernel, grid, dim3(dc_threads), dc_smem, stream, p));
   } else {
-    DUET_KCHECK(cudaFuncSetAttribute(decode_kernel_v2, cudaFuncAttributeMaxDynamicSharedMemorySize, dc2_smem));
+    DUET_KCHECK(cudaFuncSetAttribute(decode_kernel_v2, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     dc2_smem));
     DUET_KCHECK(launch(decode_kernel_v2, grid, dim3(dc_threads), dc2_smem, stream, p));
   }
   return {};

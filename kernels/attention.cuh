@@ -22,22 +22,23 @@
 namespace duet::kernels {
 
 struct prefill_attention_params {
-  const uint16_t* q = nullptr;          // [rows, q_stride] bf16, head h at column h * 128, RoPE applied
-  uint32_t q_stride = 0;                // a multiple of 8
-  uint16_t* out = nullptr;              // [rows, out_stride] bf16, head h at column h * 128
-  uint32_t out_stride = 0;              // a multiple of 8
-  kv_pool_view kv;                      // head_dim 128
+  const uint16_t* q = nullptr;  // [rows, q_stride] bf16, head h at column h * 128, RoPE applied
+  uint32_t q_stride = 0;        // a multiple of 8
+  uint16_t* out = nullptr;      // [rows, out_stride] bf16, head h at column h * 128
+  uint32_t out_stride = 0;      // a multiple of 8
+  kv_pool_view kv;              // head_dim 128
   uint32_t layer = 0;
   const int32_t* block_table = nullptr;  // every sequence's blocks, concatenated
-  const int32_t* seq_rows = nullptr;     // [seqs + 1]: sequence s owns rows [seq_rows[s], seq_rows[s + 1])
-  const int32_t* seq_start = nullptr;    // [seqs]: position of sequence s's first row
-  const int32_t* seq_table = nullptr;    // [seqs]: where sequence s's blocks begin in block_table
+  const int32_t* seq_rows =
+      nullptr;  // [seqs + 1]: sequence s owns rows [seq_rows[s], seq_rows[s + 1])
+  const int32_t* seq_start = nullptr;  // [seqs]: position of sequence s's first row
+  const int32_t* seq_table = nullptr;  // [seqs]: where sequence s's blocks begin in block_table
   uint32_t seqs = 0;
-  uint32_t max_seq_rows = 0;            // the most rows of one sequence (sizes the grid)
+  uint32_t max_seq_rows = 0;  // the most rows of one sequence (sizes the grid)
   uint32_t heads = 0;
-  uint32_t kv_heads = 0;                // divides heads
-  float scale = 0.0f;                   // softmax scale, 1 / sqrt(head_dim)
-  uint32_t variant = 0;                 // 0: double-buffered K/V tiles; 1: the first, single-buffered kernel
+  uint32_t kv_heads = 0;  // divides heads
+  float scale = 0.0f;     // softmax scale, 1 / sqrt(head_dim)
+  uint32_t variant = 0;   // 0: double-buffered K/V tiles; 1: the first, single-buffered kernel
 };
 
 kstatus prefill_attention(const prefill_attention_params& p, cudaStream_t stream);
@@ -45,22 +46,23 @@ kstatus prefill_attention(const prefill_attention_params& p, cudaStream_t stream
 void prefill_attention_reference(const prefill_attention_params& p);
 
 struct decode_attention_params {
-  const uint16_t* q = nullptr;           // [batch, q_stride] bf16, head h at column h * 128, RoPE applied
+  const uint16_t* q = nullptr;  // [batch, q_stride] bf16, head h at column h * 128, RoPE applied
   uint32_t q_stride = 0;
-  uint16_t* out = nullptr;               // [batch, out_stride] bf16
+  uint16_t* out = nullptr;  // [batch, out_stride] bf16
   uint32_t out_stride = 0;
-  kv_pool_view kv;                       // head_dim 128
+  kv_pool_view kv;  // head_dim 128
   uint32_t layer = 0;
   const int32_t* block_table = nullptr;  // every sequence's blocks, concatenated
   const int32_t* seq_table = nullptr;    // [batch]: where sequence b's blocks begin in block_table
   const int32_t* seq_lens = nullptr;     // [batch]: keys to attend (positions 0 .. len - 1), >= 1
   uint32_t batch = 0;
   uint32_t heads = 0;
-  uint32_t kv_heads = 0;                 // heads / kv_heads <= 16
+  uint32_t kv_heads = 0;  // heads / kv_heads <= 16
   float scale = 0.0f;
-  uint32_t max_splits = 1;               // CTAs per (sequence, KV head), <= decode_attention_max_splits
-  uint32_t split_min_keys = 128;         // a split gets at least this many keys
-  uint32_t variant = 0;                  // 0: double-buffered 16-key warp tiles; 1: the first, single-buffered kernel
+  uint32_t max_splits = 1;        // CTAs per (sequence, KV head), <= decode_attention_max_splits
+  uint32_t split_min_keys = 128;  // a split gets at least this many keys
+  uint32_t variant =
+      0;  // 0: double-buffered 16-key warp tiles; 1: the first, single-buffered kernel
   // Workspace (decode_attention_workspace_bytes), the counters zeroed once before first use;
   // every launch leaves them zero again.
   void* workspace = nullptr;
@@ -68,8 +70,8 @@ struct decode_attention_params {
 
 inline constexpr uint32_t decode_attention_max_splits = 64;
 /// Bytes of workspace decode_attention needs for `batch` sequences of this shape.
-[[nodiscard]] uint64_t decode_attention_workspace_bytes(uint32_t batch, uint32_t heads, uint32_t kv_heads,
-                                                        uint32_t max_splits);
+[[nodiscard]] uint64_t decode_attention_workspace_bytes(uint32_t batch, uint32_t heads,
+                                                        uint32_t kv_heads, uint32_t max_splits);
 
 kstatus decode_attention(const decode_attention_params& p, cudaStream_t stream);
 void decode_attention_reference(const decode_attention_params& p);

@@ -25,6 +25,8 @@ using bf16_bits = uint16_t;
 }
 
 /// f rounded to bf16 and back: one bf16 rounding step of a reference computation.
-[[nodiscard]] inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+[[nodiscard]] inline float round_bf16(float f) {
+  return bf16_to_f32(f32_to_bf16(f));
+}
 
 }  // namespace duet::kernels

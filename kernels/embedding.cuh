@@ -13,7 +13,7 @@ struct embedding_params {
   const int32_t* ids = nullptr;     // [rows]; an id outside [0, vocab) gives a row of zeros
   uint16_t* out = nullptr;          // [rows, hidden] bf16
   uint32_t rows = 0;
-  uint32_t hidden = 0;              // a multiple of 8
+  uint32_t hidden = 0;  // a multiple of 8
   uint32_t vocab = 0;
 };
 

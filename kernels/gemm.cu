@@ -50,7 +50,8 @@ __global__ void __launch_bounds__(sk_threads) skinny_kernel(gemm_params p) {
   const uint4* wrow[sk_rows];
 #pragma unroll
   for (int j = 0; j < sk_rows; ++j) {
-    wrow[j] = reinterpret_cast<const uint4*>(p.w + static_cast<uint64_t>(min(n0 + j, p.n - 1)) * p.k);
+    wrow[j] =
+        reinterpret_cast<const uint4*>(p.w + static_cast<uint64_t>(min(n0 + j, p.n - 1)) * p.k);
   }
   float acc[sk_rows][max_m] = {};
   const uint32_t chunks = p.k / 8;
@@ -60,7 +61,8 @@ __global__ void __launch_bounds__(sk_threads) skinny_kernel(gemm_params p) {
     for (int u = 0; u < sk_unroll; ++u) {
       const uint32_t c = base + u * sk_threads;
 #pragma unroll
-      for (int j = 0; j < sk_rows; ++j) wv[u][j] = c < chunks ? __ldcs(wrow[j] + c) : make_uint4(0, 0, 0, 0);
+      for (int j = 0; j < sk_rows; ++j)
+        wv[u][j] = c < chunks ? __ldcs(wrow[j] + c) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < sk_unroll; ++u) {
@@ -115,10 +117,11 @@ __global__ void __launch_bounds__(sk_threads) skinny_kernel(gemm_params p) {
 
 // ------------------------------------------------------------------------------------ cuBLASLt
 
-#define DUET_LT(call)                                                                             \
-  do {                                                                                            \
-    const cublasStatus_t duet_lt_status = (call);                                                 \
-    if (duet_lt_status != CUBLAS_STATUS_SUCCESS) return kstatus{cudaErrorUnknown, #call, __FILE__, __LINE__}; \
+#define DUET_LT(call)                                              \
+  do {                                                             \
+    const cublasStatus_t duet_lt_status = (call);                  \
+    if (duet_lt_status != CUBLAS_STATUS_SUCCESS)                   \
+      return kstatus{cudaErrorUnknown, #call, __FILE__, __LINE__}; \
   } while (0)
 
 using plan_key = std::tuple<uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, bool, bool>;
@@ -163,30 +166,39 @@ struct gemm_runner::impl {
   kstatus make_plan(const gemm_params& p, plan& pl) {
     DUET_LT(cublasLtMatmulDescCreate(&pl.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
-    DUET_LT(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof(transa)));
-    DUET_LT(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof(transb)));
+    DUET_LT(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_TRANSA, &transa,
+                                           sizeof(transa)));
+    DUET_LT(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_TRANSB, &transb,
+                                           sizeof(transb)));
     if (p.bias) {
       const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
       const cudaDataType_t bias_type = CUDA_R_16BF;
-      DUET_LT(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-      DUET_LT(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+      DUET_LT(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                             sizeof(epilogue)));
+      DUET_LT(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                             &bias_type, sizeof(bias_type)));
     }
     DUET_LT(cublasLtMatrixLayoutCreate(&pl.a, CUDA_R_16BF, p.k, p.n, p.k));
     DUET_LT(cublasLtMatrixLayoutCreate(&pl.b, CUDA_R_16BF, p.k, p.m, p.ldx));
-    DUET_LT(cublasLtMatrixLayoutCreate(&pl.d, p.y_fp32 ? CUDA_R_32F : CUDA_R_16BF, p.n, p.m, p.ldy));
+    DUET_LT(
+        cublasLtMatrixLayoutCreate(&pl.d, p.y_fp32 ? CUDA_R_32F : CUDA_R_16BF, p.n, p.m, p.ldy));
     cublasLtMatmulPreference_t pref = nullptr;
     DUET_LT(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = workspace_bytes;
-    const cublasStatus_t set = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    const cublasStatus_t set = cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
     cublasLtMatmulHeuristicResult_t results[8];
     int found = 0;
     const cublasStatus_t heur =
         set == CUBLAS_STATUS_SUCCESS
-            ? cublasLtMatmulAlgoGetHeuristic(handle, pl.desc, pl.a, pl.b, pl.d, pl.d, pref, 8, results, &found)
+            ? cublasLtMatmulAlgoGetHeuristic(handle, pl.desc, pl.a, pl.b, pl.d, pl.d, pref, 8,
+                                             results, &found)
             : set;
     cublasLtMatmulPreferenceDestroy(pref);
     DUET_LT(heur);
-    if (found == 0) return kstatus{cudaErrorNotSupported, "cuBLASLt has no algorithm for this GEMM", __FILE__, __LINE__};
+    if (found == 0)
+      return kstatus{cudaErrorNotSupported, "cuBLASLt has no algorithm for this GEMM", __FILE__,
+                     __LINE__};
     pl.algo = results[0].algo;
     // Timing the candidates pays for shapes that recur: decode buckets and full prefill passes
     // (m a multiple of 64); other shapes keep the heuristic's first choice.
@@ -196,13 +208,15 @@ struct gemm_runner::impl {
     return {};
   }
 
-  kstatus matmul(const gemm_params& p, const plan& pl, const cublasLtMatmulAlgo_t& algo, cudaStream_t stream) {
+  kstatus matmul(const gemm_params& p, const plan& pl, const cublasLtMatmulAlgo_t& algo,
+                 cudaStream_t stream) {
     const float alpha = 1.0f, beta = 0.0f;
     if (p.bias) {
-      DUET_LT(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
+      DUET_LT(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias,
+                                             sizeof(p.bias)));
     }
-    DUET_LT(cublasLtMatmul(handle, pl.desc, &alpha, p.w, pl.a, p.x, pl.b, &beta, p.y, pl.d, p.y, pl.d, &algo, workspace,
-                           workspace_bytes, stream));
+    DUET_LT(cublasLtMatmul(handle, pl.desc, &alpha, p.w, pl.a, p.x, pl.b, &beta, p.y, pl.d, p.y,
+                           pl.d, &algo, workspace, workspace_bytes, stream));
     return {};
   }
 
@@ -254,17 +268,21 @@ kstatus gemm_runner::init(uint64_t workspace_bytes) {
 kstatus gemm_runner::run(const gemm_params& p, cudaStream_t stream, gemm_path path) {
   DUET_KREQUIRE(p.x && p.w && p.y, "gemm: null pointer");
   DUET_KREQUIRE(p.k % 8 == 0 && p.k > 0 && p.n > 0, "gemm: k must be a positive multiple of 8");
-  DUET_KREQUIRE(p.ldx >= (p.x_swiglu ? 2 * p.k : p.k) && p.ldx % 8 == 0, "gemm: ldx too small or not a multiple of 8");
+  DUET_KREQUIRE(p.ldx >= (p.x_swiglu ? 2 * p.k : p.k) && p.ldx % 8 == 0,
+                "gemm: ldx too small or not a multiple of 8");
   DUET_KREQUIRE(p.ldy >= p.n, "gemm: ldy smaller than n");
   DUET_KREQUIRE(!(p.bias && p.y_fp32), "gemm: bias with fp32 output is not supported");
   if (p.m == 0) return {};
   if (path == gemm_path::automatic) {
     // Measured on the H200 (docs/cuda-engine.md): at m = 1 the skinny kernel beats cuBLASLt on
-    // every Llama-8B shape (2.4-3.9 TB/s against 1.5-3.3), at m = 4 it loses (1.1-1.6 against 1.7-3.3).
-    path = (p.x_swiglu || (p.m == 1 && gemm_skinny_enabled())) ? gemm_path::skinny : gemm_path::cublaslt;
+    // every Llama-8B shape (2.4-3.9 TB/s against 1.5-3.3), at m = 4 it loses (1.1-1.6
+    // against 1.7-3.3).
+    path = (p.x_swiglu || (p.m == 1 && gemm_skinny_enabled())) ? gemm_path::skinny
+                                                               : gemm_path::cublaslt;
   }
   if (path == gemm_path::skinny) {
-    DUET_KREQUIRE(p.m <= gemm_skinny_max_rows, "gemm: the skinny path takes at most gemm_skinny_max_rows rows");
+    DUET_KREQUIRE(p.m <= gemm_skinny_max_rows,
+                  "gemm: the skinny path takes at most gemm_skinny_max_rows rows");
     DUET_KREQUIRE(p.n <= 65535u * sk_rows * 1024u, "gemm: n too large for the skinny path");
     const dim3 grid((p.n + sk_rows - 1) / sk_rows);
     DUET_KREQUIRE(!p.x_swiglu || p.m == 1, "gemm: SwiGLU input takes one row");
@@ -273,7 +291,8 @@ kstatus gemm_runner::run(const gemm_params& p, cudaStream_t stream, gemm_path pa
     } else if (p.m == 1) {
       DUET_KCHECK(launch(skinny_kernel<1, false>, grid, dim3(sk_threads), 0, stream, p));
     } else {
-      DUET_KCHECK(launch(skinny_kernel<gemm_skinny_max_rows, false>, grid, dim3(sk_threads), 0, stream, p));
+      DUET_KCHECK(
+          launch(skinny_kernel<gemm_skinny_max_rows, false>, grid, dim3(sk_threads), 0, stream, p));
     }
     return {};
   }

@@ -2,8 +2,8 @@
 // y = x . w^T (+ bias): bf16 operands, fp32 accumulation, bf16 or fp32 output. Weights are
 // row-major [n, k] as Hugging Face stores them. Large m goes through cuBLASLt (algorithm picked
 // per shape; for m a multiple of 64 the candidates are timed on first use outside graph
-// capture); m <= gemm_skinny_max_rows can use a bandwidth-bound kernel of our own (picked for m = 1),
-// which may also apply SwiGLU to its input on the fly (x = silu_mul(gate_up), silu_mul.cuh).
+// capture); m <= gemm_skinny_max_rows can use a bandwidth-bound kernel of our own (picked for m =
+// 1), which may also apply SwiGLU to its input on the fly (x = silu_mul(gate_up), silu_mul.cuh).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -15,19 +15,22 @@ namespace duet::kernels {
 
 inline constexpr uint32_t gemm_skinny_max_rows = 4;
 
-/// Whether the automatic path may pick the skinny kernel for m = 1 (DUET_GEMM_SKINNY=0 turns it off).
+/// Whether the automatic path may pick the skinny kernel for m = 1 (DUET_GEMM_SKINNY=0 turns it
+/// off).
 [[nodiscard]] bool gemm_skinny_enabled();
 
 struct gemm_params {
-  const uint16_t* x = nullptr;     // [m, ldx] bf16 (with x_swiglu: [m, ldx] holding gate | up, 2k wide)
-  uint32_t ldx = 0;                // elements between rows of x
+  const uint16_t* x =
+      nullptr;       // [m, ldx] bf16 (with x_swiglu: [m, ldx] holding gate | up, 2k wide)
+  uint32_t ldx = 0;  // elements between rows of x
   const uint16_t* w = nullptr;     // [n, k] bf16, row-major
   const uint16_t* bias = nullptr;  // [n] bf16 or nullptr
   void* y = nullptr;               // [m, ldy] bf16, or fp32 when y_fp32
   uint32_t ldy = 0;
   uint32_t m = 0, n = 0, k = 0;
   bool y_fp32 = false;
-  bool x_swiglu = false;           // skinny path only: x[r][i] = bf16(bf16(silu(gate[r][i])) * up[r][i]); best at m = 1
+  bool x_swiglu =
+      false;  // skinny path only: x[r][i] = bf16(bf16(silu(gate[r][i])) * up[r][i]); best at m = 1
 };
 
 enum class gemm_path : uint8_t { automatic, cublaslt, skinny };

@@ -11,7 +11,7 @@ namespace duet::kernels {
 /// message naming it), or the CUDA error the launch reported, with the file:line that saw it.
 struct [[nodiscard]] kstatus {
   cudaError_t code = cudaSuccess;
-  const char* what = "";   // static text: the failed precondition or the CUDA call
+  const char* what = "";  // static text: the failed precondition or the CUDA call
   const char* file = "";
   int line = 0;
 
@@ -19,24 +19,25 @@ struct [[nodiscard]] kstatus {
   /// "file:line: what: cuda error name (description)".
   [[nodiscard]] std::string message() const {
     if (ok()) return "ok";
-    return std::string(file) + ":" + std::to_string(line) + ": " + what + ": " + cudaGetErrorName(code) + " (" +
-           cudaGetErrorString(code) + ")";
+    return std::string(file) + ":" + std::to_string(line) + ": " + what + ": " +
+           cudaGetErrorName(code) + " (" + cudaGetErrorString(code) + ")";
   }
 };
 
 }  // namespace duet::kernels
 
 /// Returns a precondition failure from a launcher when `cond` is false.
-#define DUET_KREQUIRE(cond, text)                                                          \
-  do {                                                                                     \
+#define DUET_KREQUIRE(cond, text)                                                                  \
+  do {                                                                                             \
     if (!(cond)) return ::duet::kernels::kstatus{cudaErrorInvalidValue, text, __FILE__, __LINE__}; \
   } while (0)
 
 /// Returns the error of a CUDA runtime call from a launcher.
-#define DUET_KCHECK(call)                                                        \
-  do {                                                                           \
-    const cudaError_t duet_kcheck_err = (call);                                  \
-    if (duet_kcheck_err != cudaSuccess) return ::duet::kernels::kstatus{duet_kcheck_err, #call, __FILE__, __LINE__}; \
+#define DUET_KCHECK(call)                                                          \
+  do {                                                                             \
+    const cudaError_t duet_kcheck_err = (call);                                    \
+    if (duet_kcheck_err != cudaSuccess)                                            \
+      return ::duet::kernels::kstatus{duet_kcheck_err, #call, __FILE__, __LINE__}; \
   } while (0)
 
 /// Returns the launch error of the kernel just launched.

@@ -3,8 +3,8 @@
 //
 // A block holds every layer's K and V for block_tokens tokens, as bf16 indexed
 // [layer][0 = K, 1 = V][kv_head][slot][head_dim]; block_elems is that count rounded up so that a
-// block is a multiple of 256 bytes, and every block starts 256-byte aligned in a pool whose base is.
-// K (or V) of one (layer, kv_head) is block_tokens * head_dim contiguous elements of a block.
+// block is a multiple of 256 bytes, and every block starts 256-byte aligned in a pool whose base
+// is. K (or V) of one (layer, kv_head) is block_tokens * head_dim contiguous elements of a block.
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -16,16 +16,18 @@
 namespace duet::kernels {
 
 struct kv_pool_view {
-  uint16_t* pool = nullptr;   // bf16 bits; block b starts at pool + b * block_elems
-  uint64_t block_elems = 0;   // elements per block (block bytes / 2), a multiple of 128
+  uint16_t* pool = nullptr;  // bf16 bits; block b starts at pool + b * block_elems
+  uint64_t block_elems = 0;  // elements per block (block bytes / 2), a multiple of 128
   uint32_t layers = 0;
   uint32_t kv_heads = 0;
   uint32_t head_dim = 0;
   uint32_t block_tokens = 0;
 
   /// Elements from a block's start to token `slot` of (layer, kv, kv_head).
-  [[nodiscard]] DUET_HD uint64_t offset(uint32_t layer, uint32_t kv, uint32_t kv_head, uint32_t slot) const {
-    return ((static_cast<uint64_t>(layer) * 2 + kv) * kv_heads + kv_head) * block_tokens * head_dim +
+  [[nodiscard]] DUET_HD uint64_t offset(uint32_t layer, uint32_t kv, uint32_t kv_head,
+                                        uint32_t slot) const {
+    return ((static_cast<uint64_t>(layer) * 2 + kv) * kv_heads + kv_head) * block_tokens *
+               head_dim +
            static_cast<uint64_t>(slot) * head_dim;
   }
 };

@@ -56,7 +56,9 @@ kstatus add_rmsnorm(const rmsnorm_params& p, cudaStream_t stream) {
   DUET_KREQUIRE(p.residual && p.weight && p.out, "add_rmsnorm: null pointer");
   if (p.rows == 0) return {};
   const size_t smem = p.hidden * sizeof(float);
-  if (smem > 48 * 1024) DUET_KCHECK(cudaFuncSetAttribute(rmsnorm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
+  if (smem > 48 * 1024)
+    DUET_KCHECK(cudaFuncSetAttribute(rmsnorm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     64 * 1024));
   DUET_KCHECK(launch(rmsnorm_kernel, dim3(p.rows), dim3(threads), smem, stream, p));
   return {};
 }

@@ -17,7 +17,7 @@ struct rmsnorm_params {
   const uint16_t* weight = nullptr;  // [hidden] bf16
   uint16_t* out = nullptr;           // [rows, hidden] bf16
   uint32_t rows = 0;
-  uint32_t hidden = 0;               // a multiple of 8, at most 16384
+  uint32_t hidden = 0;  // a multiple of 8, at most 16384
   float eps = 1e-5f;
 };
 

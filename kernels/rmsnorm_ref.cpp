@@ -19,9 +19,11 @@ void add_rmsnorm_reference(const rmsnorm_params& p) {
       }
       sumsq += static_cast<double>(x[i]) * x[i];
     }
-    const float inv = static_cast<float>(1.0 / std::sqrt(sumsq / p.hidden + static_cast<double>(p.eps)));
+    const float inv =
+        static_cast<float>(1.0 / std::sqrt(sumsq / p.hidden + static_cast<double>(p.eps)));
     for (uint32_t i = 0; i < p.hidden; ++i) {
-      p.out[static_cast<uint64_t>(r) * p.hidden + i] = f32_to_bf16(bf16_to_f32(p.weight[i]) * round_bf16(x[i] * inv));
+      p.out[static_cast<uint64_t>(r) * p.hidden + i] =
+          f32_to_bf16(bf16_to_f32(p.weight[i]) * round_bf16(x[i] * inv));
     }
   }
 }

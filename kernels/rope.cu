@@ -13,7 +13,10 @@ __global__ void rope_kernel(rope_params p) {
   const uint32_t row = blockIdx.x;
   const uint32_t half = p.head_dim / 2;
   int32_t pos = p.positions[row];
-  pos = pos < 0 ? 0 : (static_cast<uint32_t>(pos) >= p.max_positions ? static_cast<int32_t>(p.max_positions) - 1 : pos);
+  pos = pos < 0 ? 0
+                : (static_cast<uint32_t>(pos) >= p.max_positions
+                       ? static_cast<int32_t>(p.max_positions) - 1
+                       : pos);
   const float* cs = p.cos + static_cast<uint64_t>(pos) * half;
   const float* sn = p.sin + static_cast<uint64_t>(pos) * half;
   uint16_t* x = p.x + static_cast<uint64_t>(row) * p.row_stride;
@@ -21,7 +24,8 @@ __global__ void rope_kernel(rope_params p) {
   uint16_t* block = nullptr;
   uint32_t slot = 0;
   if (s >= 0) {
-    block = p.kv.pool + static_cast<uint64_t>(static_cast<uint32_t>(s) / p.kv.block_tokens) * p.kv.block_elems;
+    block = p.kv.pool +
+            static_cast<uint64_t>(static_cast<uint32_t>(s) / p.kv.block_tokens) * p.kv.block_elems;
     slot = static_cast<uint32_t>(s) % p.kv.block_tokens;
   }
   const uint32_t pairs = (p.q_heads + p.k_heads) * half;
@@ -42,7 +46,8 @@ __global__ void rope_kernel(rope_params p) {
   }
   if (block) {
     const uint32_t per_head = p.head_dim / 8;
-    const uint4* v = reinterpret_cast<const uint4*>(x + static_cast<uint64_t>(p.q_heads + p.k_heads) * p.head_dim);
+    const uint4* v = reinterpret_cast<const uint4*>(
+        x + static_cast<uint64_t>(p.q_heads + p.k_heads) * p.head_dim);
     for (uint32_t c = threadIdx.x; c < p.k_heads * per_head; c += blockDim.x) {
       uint16_t* dst = block + p.kv.offset(p.layer, 1, c / per_head, slot) + (c % per_head) * 8;
       *reinterpret_cast<uint4*>(dst) = v[c];
@@ -53,7 +58,8 @@ __global__ void rope_kernel(rope_params p) {
 }  // namespace
 
 kstatus rope_apply(const rope_params& p, cudaStream_t stream) {
-  DUET_KREQUIRE(p.head_dim % 2 == 0 && p.head_dim > 0, "rope_apply: head_dim must be positive and even");
+  DUET_KREQUIRE(p.head_dim % 2 == 0 && p.head_dim > 0,
+                "rope_apply: head_dim must be positive and even");
   DUET_KREQUIRE(p.max_positions > 0, "rope_apply: empty tables");
   DUET_KREQUIRE(p.x && p.positions && p.cos && p.sin, "rope_apply: null pointer");
   if (p.slots) {
@@ -61,9 +67,11 @@ kstatus rope_apply(const rope_params& p, cudaStream_t stream) {
                   "rope_apply: row_stride must hold q, k and v heads and be a multiple of 8");
     DUET_KREQUIRE(p.head_dim % 8 == 0 && p.kv.head_dim == p.head_dim && p.kv.kv_heads == p.k_heads,
                   "rope_apply: KV pool shape differs from the heads");
-    DUET_KREQUIRE(p.kv.pool && p.kv.block_tokens > 0 && p.layer < p.kv.layers, "rope_apply: bad KV pool or layer");
+    DUET_KREQUIRE(p.kv.pool && p.kv.block_tokens > 0 && p.layer < p.kv.layers,
+                  "rope_apply: bad KV pool or layer");
   } else {
-    DUET_KREQUIRE(p.row_stride >= (p.q_heads + p.k_heads) * p.head_dim, "rope_apply: row_stride shorter than the heads");
+    DUET_KREQUIRE(p.row_stride >= (p.q_heads + p.k_heads) * p.head_dim,
+                  "rope_apply: row_stride shorter than the heads");
   }
   if (p.rows == 0) return {};
   DUET_KCHECK(launch(rope_kernel, dim3(p.rows), dim3(256), 0, stream, p));

@@ -15,18 +15,19 @@
 namespace duet::kernels {
 
 struct rope_params {
-  uint16_t* x = nullptr;               // [rows, row_stride] bf16: q_heads, then k_heads, then k_heads V heads
-  uint32_t row_stride = 0;             // elements between rows, a multiple of 8
+  uint16_t* x = nullptr;    // [rows, row_stride] bf16: q_heads, then k_heads, then k_heads V heads
+  uint32_t row_stride = 0;  // elements between rows, a multiple of 8
   const int32_t* positions = nullptr;  // [rows]; clamped to [0, max_positions)
   const float* cos = nullptr;          // [max_positions, head_dim / 2]
   const float* sin = nullptr;          // [max_positions, head_dim / 2]
   uint32_t rows = 0;
   uint32_t q_heads = 0;
-  uint32_t k_heads = 0;                // = kv.kv_heads when appending
-  uint32_t head_dim = 0;               // even; a multiple of 8 when appending
+  uint32_t k_heads = 0;   // = kv.kv_heads when appending
+  uint32_t head_dim = 0;  // even; a multiple of 8 when appending
   uint32_t max_positions = 0;
   // KV append, done when slots != nullptr.
-  const int32_t* slots = nullptr;      // [rows]: block * block_tokens + slot in block; negative: not stored
+  const int32_t* slots =
+      nullptr;  // [rows]: block * block_tokens + slot in block; negative: not stored
   kv_pool_view kv;
   uint32_t layer = 0;
 };

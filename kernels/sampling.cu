@@ -60,8 +60,9 @@ __device__ uint64_t block_sum_u64(uint64_t v, shared_state& sh) {
 
 // The largest key K with weight(keys >= K) >= target, among keys >= min_key (weights: 1 each, or
 // the fixed-point mass of the scaled logit). found = false when the whole weight is under target.
-__device__ uint32_t radix_select(const float* row, uint32_t vocab, float inv_t, float vmax, bool weighted,
-                                 uint32_t min_key, uint64_t target, shared_state& sh, bool& found) {
+__device__ uint32_t radix_select(const float* row, uint32_t vocab, float inv_t, float vmax,
+                                 bool weighted, uint32_t min_key, uint64_t target, shared_state& sh,
+                                 bool& found) {
   uint32_t prefix = 0, mask = 0;
   uint64_t above = 0;
   const int lane = threadIdx.x & 31;
@@ -82,7 +83,8 @@ __device__ uint32_t radix_select(const float* row, uint32_t vocab, float inv_t, 
       }
       const unsigned peers = __match_any_sync(0xffffffffu, digit);
       const uint32_t sum = __reduce_add_sync(peers, w);
-      if (digit < 256 && lane == __ffs(peers) - 1) atomicAdd(&sh.hist[digit], static_cast<unsigned long long>(sum));
+      if (digit < 256 && lane == __ffs(peers) - 1)
+        atomicAdd(&sh.hist[digit], static_cast<unsigned long long>(sum));
     }
     __syncthreads();
     if (threadIdx.x < 32) {
@@ -139,7 +141,8 @@ __global__ void __launch_bounds__(threads) sample_kernel(sample_params p) {
     acc = merge(acc, max_sum{v, 1.0f, static_cast<int>(i)});
   }
   for (int o = 16; o > 0; o >>= 1) {
-    const max_sum other{__shfl_xor_sync(0xffffffffu, acc.m, o), __shfl_xor_sync(0xffffffffu, acc.s, o),
+    const max_sum other{__shfl_xor_sync(0xffffffffu, acc.m, o),
+                        __shfl_xor_sync(0xffffffffu, acc.s, o),
                         __shfl_xor_sync(0xffffffffu, acc.idx, o)};
     acc = merge(acc, other);
   }
@@ -161,7 +164,8 @@ __global__ void __launch_bounds__(threads) sample_kernel(sample_params p) {
     uint32_t min_key = 0;
     bool found = false;
     if (rq.top_k > 0 && static_cast<uint32_t>(rq.top_k) < p.vocab) {
-      const uint32_t k = radix_select(row, p.vocab, inv_t, vmax, false, 0, static_cast<uint64_t>(rq.top_k), sh, found);
+      const uint32_t k = radix_select(row, p.vocab, inv_t, vmax, false, 0,
+                                      static_cast<uint64_t>(rq.top_k), sh, found);
       if (found) min_key = k;
     }
     if (rq.top_p < 1.0f) {
@@ -277,7 +281,8 @@ __global__ void __launch_bounds__(threads) sample_kernel(sample_params p) {
     for (uint32_t j = 0; j < p.max_top; ++j) {
       const bool have = j < n_top && static_cast<int>(j) < n;
       p.top_ids[static_cast<uint64_t>(rowi) * p.max_top + j] = have ? sh.cand_id[j] : -1;
-      p.top_logprobs[static_cast<uint64_t>(rowi) * p.max_top + j] = have ? sh.cand_val[j] - lse : -INFINITY;
+      p.top_logprobs[static_cast<uint64_t>(rowi) * p.max_top + j] =
+          have ? sh.cand_val[j] - lse : -INFINITY;
     }
   }
 }
@@ -288,7 +293,8 @@ kstatus sample_tokens(const sample_params& p, cudaStream_t stream) {
   DUET_KREQUIRE(p.logits && p.requests && p.tokens && p.logprobs, "sample_tokens: null pointer");
   DUET_KREQUIRE(p.vocab > 0 && p.ld >= p.vocab, "sample_tokens: bad vocab or ld");
   DUET_KREQUIRE(p.max_top <= sampling_max_top, "sample_tokens: max_top over sampling_max_top");
-  DUET_KREQUIRE(p.max_top == 0 || (p.top_ids && p.top_logprobs), "sample_tokens: top-N outputs missing");
+  DUET_KREQUIRE(p.max_top == 0 || (p.top_ids && p.top_logprobs),
+                "sample_tokens: top-N outputs missing");
   if (p.rows == 0) return {};
   DUET_KCHECK(launch(sample_kernel, dim3(p.rows), dim3(threads), 0, stream, p));
   return {};

@@ -30,19 +30,20 @@ struct sample_row {
   int32_t top_k = 0;          // <= 0 or >= vocab: off
   uint32_t top_logprobs = 0;  // <= sampling_max_top and <= the params' max_top
   uint32_t pad = 0;
-  double uniform = 0.0;       // the draw's uniform number in [0, 1)
+  double uniform = 0.0;  // the draw's uniform number in [0, 1)
 };
 
 struct sample_params {
-  const float* logits = nullptr;       // [rows, ld] fp32
+  const float* logits = nullptr;  // [rows, ld] fp32
   uint32_t ld = 0;
   uint32_t rows = 0;
   uint32_t vocab = 0;
   const sample_row* requests = nullptr;  // [rows]
-  int32_t* tokens = nullptr;           // [rows]
-  float* logprobs = nullptr;           // [rows]: log_softmax(raw logits)[token]
-  int32_t* top_ids = nullptr;          // [rows, max_top], most likely first (ties: lower id); may be null if max_top == 0
-  float* top_logprobs = nullptr;       // [rows, max_top]
+  int32_t* tokens = nullptr;             // [rows]
+  float* logprobs = nullptr;             // [rows]: log_softmax(raw logits)[token]
+  int32_t* top_ids =
+      nullptr;  // [rows, max_top], most likely first (ties: lower id); may be null if max_top == 0
+  float* top_logprobs = nullptr;  // [rows, max_top]
   uint32_t max_top = 0;
 };
 

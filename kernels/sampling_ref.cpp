@@ -33,9 +33,11 @@ void sample_tokens_reference(const sample_params& p) {
       const float vmax = mx * inv_t;
       auto value = [&](uint32_t i) { return row[i] * inv_t; };
       std::iota(order.begin(), order.end(), 0u);
-      std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return key_of(value(a)) > key_of(value(b)); });
+      std::sort(order.begin(), order.end(),
+                [&](uint32_t a, uint32_t b) { return key_of(value(a)) > key_of(value(b)); });
       uint32_t min_key = 0;
-      if (rq.top_k > 0 && static_cast<uint32_t>(rq.top_k) < p.vocab) min_key = key_of(value(order[rq.top_k - 1]));
+      if (rq.top_k > 0 && static_cast<uint32_t>(rq.top_k) < p.vocab)
+        min_key = key_of(value(order[rq.top_k - 1]));
       if (rq.top_p < 1.0f) {
         uint64_t total = 0;
         for (uint32_t i : order) {
@@ -54,7 +56,8 @@ void sample_tokens_reference(const sample_params& p) {
           }
         }
       }
-      const double log_min_p = rq.min_p > 0.0f ? std::log(static_cast<double>(rq.min_p)) : -INFINITY;
+      const double log_min_p =
+          rq.min_p > 0.0f ? std::log(static_cast<double>(rq.min_p)) : -INFINITY;
       std::vector<double> w(p.vocab, -1.0);
       double total = 0;
       int last = -1;
@@ -84,11 +87,13 @@ void sample_tokens_reference(const sample_params& p) {
     const uint32_t n_top = std::min({rq.top_logprobs, p.max_top, p.vocab, sampling_max_top});
     if (p.max_top == 0) continue;
     std::iota(order.begin(), order.end(), 0u);
-    std::partial_sort(order.begin(), order.begin() + std::min<uint32_t>(n_top, p.vocab), order.end(),
-                      [&](uint32_t a, uint32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+    std::partial_sort(
+        order.begin(), order.begin() + std::min<uint32_t>(n_top, p.vocab), order.end(),
+        [&](uint32_t a, uint32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
     for (uint32_t j = 0; j < p.max_top; ++j) {
       const bool have = j < n_top;
-      p.top_ids[static_cast<uint64_t>(r) * p.max_top + j] = have ? static_cast<int32_t>(order[j]) : -1;
+      p.top_ids[static_cast<uint64_t>(r) * p.max_top + j] =
+          have ? static_cast<int32_t>(order[j]) : -1;
       p.top_logprobs[static_cast<uint64_t>(r) * p.max_top + j] =
           have ? static_cast<float>(static_cast<double>(row[order[j]]) - lse) : -INFINITY;
     }

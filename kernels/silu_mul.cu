@@ -11,7 +11,8 @@ __global__ void silu_mul_kernel(silu_mul_params p) {
   const uint32_t row = blockIdx.y;
   const uint32_t c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= p.ffn / 8) return;
-  const uint4* in = reinterpret_cast<const uint4*>(p.gate_up + static_cast<uint64_t>(row) * 2 * p.ffn);
+  const uint4* in =
+      reinterpret_cast<const uint4*>(p.gate_up + static_cast<uint64_t>(row) * 2 * p.ffn);
   float g[8], u[8], y[8];
   dev::unpack8(in[c], g);
   dev::unpack8(in[p.ffn / 8 + c], u);

@@ -13,7 +13,7 @@ struct silu_mul_params {
   const uint16_t* gate_up = nullptr;  // [rows, 2 * ffn] bf16: gate in [0, ffn), up in [ffn, 2 ffn)
   uint16_t* out = nullptr;            // [rows, ffn] bf16
   uint32_t rows = 0;
-  uint32_t ffn = 0;                   // a multiple of 8
+  uint32_t ffn = 0;  // a multiple of 8
 };
 
 kstatus silu_mul(const silu_mul_params& p, cudaStream_t stream);

@@ -28,13 +28,13 @@ namespace k = kernels;
 namespace {
 
 [[noreturn]] void cuda_fail(cudaError_t e, const char* call, const char* file, int line) {
-  throw std::runtime_error(std::string("cuda_engine: ") + file + ":" + std::to_string(line) + ": " + call + ": " +
-                           cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+  throw std::runtime_error(std::string("cuda_engine: ") + file + ":" + std::to_string(line) + ": " +
+                           call + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
 }
 
-#define CUDA_CHECK(call)                                                  \
-  do {                                                                    \
-    const cudaError_t duet_err = (call);                                  \
+#define CUDA_CHECK(call)                                                         \
+  do {                                                                           \
+    const cudaError_t duet_err = (call);                                         \
     if (duet_err != cudaSuccess) cuda_fail(duet_err, #call, __FILE__, __LINE__); \
   } while (0)
 
@@ -42,9 +42,13 @@ void kcheck(const k::kstatus& s) {
   if (!s.ok()) throw std::runtime_error("cuda_engine: " + s.message());
 }
 
-uint64_t align256(uint64_t v) { return (v + 255) / 256 * 256; }
+uint64_t align256(uint64_t v) {
+  return (v + 255) / 256 * 256;
+}
 
-cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+cudaStream_t as_stream(void* s) {
+  return static_cast<cudaStream_t>(s);
+}
 
 /// A device allocation freed on scope exit.
 struct device_mem {
@@ -70,7 +74,8 @@ struct device_mem {
 };
 
 bool has_penalties(const msg::sampling_params* p) {
-  return p && (p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f);
+  return p && (p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f ||
+               p->presence_penalty != 0.0f);
 }
 
 }  // namespace
@@ -85,8 +90,8 @@ struct cuda_weights {
     uint16_t* o = nullptr;         // [hidden, q_dim]
     uint16_t* o_bias = nullptr;
     uint16_t* post_norm = nullptr;
-    uint16_t* gate_up = nullptr;   // [2 ffn, hidden]: gate rows, then up
-    uint16_t* down = nullptr;      // [hidden, ffn]
+    uint16_t* gate_up = nullptr;  // [2 ffn, hidden]: gate rows, then up
+    uint16_t* down = nullptr;     // [hidden, ffn]
   };
   int device = 0;
   transformer_config config;
@@ -133,7 +138,8 @@ class uploader {
       const uint64_t n = std::min(chunk, bytes - at);
       CUDA_CHECK(cudaEventSynchronize(done_[cur_]));
       fill(at, std::span<std::byte>(static_cast<std::byte*>(staging_[cur_]), n));
-      CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + at, staging_[cur_], n, cudaMemcpyHostToDevice, stream_));
+      CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + at, staging_[cur_], n,
+                                 cudaMemcpyHostToDevice, stream_));
       CUDA_CHECK(cudaEventRecord(done_[cur_], stream_));
       cur_ ^= 1;
     }
@@ -151,13 +157,17 @@ class uploader {
 void upload_tensor(uploader& up, const safetensors_checkpoint& ckpt, const std::string& name,
                    std::span<const uint64_t> shape, void* dst) {
   const st_tensor_info& info = ckpt.info(name);
-  if (info.shape.size() != shape.size() || !std::equal(shape.begin(), shape.end(), info.shape.begin())) {
-    throw std::runtime_error("cuda_engine: " + ckpt.path().string() + ": tensor '" + name + "' has shape " +
-                             shape_to_string(info.shape) + ", expected " + shape_to_string(shape));
+  if (info.shape.size() != shape.size() ||
+      !std::equal(shape.begin(), shape.end(), info.shape.begin())) {
+    throw std::runtime_error("cuda_engine: " + ckpt.path().string() + ": tensor '" + name +
+                             "' has shape " + shape_to_string(info.shape) + ", expected " +
+                             shape_to_string(shape));
   }
   if (info.dtype == st_dtype::bf16) {
     const std::span<const std::byte> src = ckpt.file_of(name).bytes(info);
-    up.copy(dst, src.size(), [&](uint64_t at, std::span<std::byte> out) { std::memcpy(out.data(), src.data() + at, out.size()); });
+    up.copy(dst, src.size(), [&](uint64_t at, std::span<std::byte> out) {
+      std::memcpy(out.data(), src.data() + at, out.size());
+    });
     return;
   }
   const std::vector<float> values = ckpt.read_floats(name, shape);
@@ -231,7 +241,8 @@ std::shared_ptr<cuda_weights> load_cuda_weights(const std::filesystem::path& dir
 
 }  // namespace
 
-std::shared_ptr<const cuda_weights> load_cuda_weights_shared(const std::filesystem::path& dir, int device) {
+std::shared_ptr<const cuda_weights> load_cuda_weights_shared(const std::filesystem::path& dir,
+                                                             int device) {
   static std::mutex mutex;
   static std::map<std::pair<std::string, int>, std::weak_ptr<const cuda_weights>> registry;
   std::error_code ec;
@@ -251,8 +262,8 @@ std::shared_ptr<const cuda_weights> load_cuda_weights_shared(const std::filesyst
 // Per-pass metadata: one pinned host block mirrored by one device block with the same layout,
 // uploaded with one copy. Regions have fixed offsets, so captured graphs read the current values.
 struct meta_layout {
-  uint64_t tokens = 0, positions = 0, slots = 0, seq_rows = 0, seq_start = 0, seq_table = 0, seq_lens = 0,
-           out_rows = 0, requests = 0, blocks = 0, bytes = 0;
+  uint64_t tokens = 0, positions = 0, slots = 0, seq_rows = 0, seq_start = 0, seq_table = 0,
+           seq_lens = 0, out_rows = 0, requests = 0, blocks = 0, bytes = 0;
   uint32_t max_rows = 0, max_seqs = 0, max_blocks = 0;
 
   static meta_layout make(uint32_t rows, uint32_t seqs, uint32_t blocks) {
@@ -288,7 +299,7 @@ struct cuda_engine::device_buffers {
   device_mem meta_dev;
   device_mem x, h, qkv, attn, gate_up, act, delta, hsel, logits, rope_cos, rope_sin, attn_ws;
   device_mem tokens_out, logprobs_out, top_ids, top_logprobs;
-  void* out_host = nullptr;  // pinned: tokens, logprobs, top ids, top logprobs
+  void* out_host = nullptr;         // pinned: tokens, logprobs, top ids, top logprobs
   cudaEvent_t meta_sent = nullptr;  // the last upload of meta_host has been read
   uint32_t max_rows = 0, max_outputs = 0, rope_positions = 0;
 
@@ -314,8 +325,8 @@ struct cuda_engine::pass {
   uint32_t real_rows = 0;  // decode: rows that are real sequences
   uint32_t seqs = 0;
   uint32_t max_seq_rows = 0;
-  uint32_t blocks = 0;     // entries used in the blocks region
-  uint32_t outputs = 0;    // rows sampled
+  uint32_t blocks = 0;   // entries used in the blocks region
+  uint32_t outputs = 0;  // rows sampled
   uint32_t max_splits = 1;
   uint32_t max_top = 0;
   // Host side of the sampled rows, in output order.
@@ -328,26 +339,35 @@ struct cuda_engine::pass {
 
 cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_params params)
     : params_(std::move(params)), buf_(std::make_unique<device_buffers>()) {
-  if (params_.block_tokens == 0) throw std::invalid_argument("cuda_engine: block_tokens must be positive");
-  if (params_.max_context == 0) throw std::invalid_argument("cuda_engine: max_context must be positive");
-  if (params_.max_batch == 0) throw std::invalid_argument("cuda_engine: max_batch must be positive");
-  if (params_.prefill_tokens == 0) throw std::invalid_argument("cuda_engine: prefill_tokens must be positive");
+  if (params_.block_tokens == 0)
+    throw std::invalid_argument("cuda_engine: block_tokens must be positive");
+  if (params_.max_context == 0)
+    throw std::invalid_argument("cuda_engine: max_context must be positive");
+  if (params_.max_batch == 0)
+    throw std::invalid_argument("cuda_engine: max_batch must be positive");
+  if (params_.prefill_tokens == 0)
+    throw std::invalid_argument("cuda_engine: prefill_tokens must be positive");
   int devices = 0;
   CUDA_CHECK(cudaGetDeviceCount(&devices));
   if (params_.device < 0 || params_.device >= devices) {
-    throw std::runtime_error("cuda_engine: device " + std::to_string(params_.device) + " does not exist (" +
-                             std::to_string(devices) + " CUDA devices)");
+    throw std::runtime_error("cuda_engine: device " + std::to_string(params_.device) +
+                             " does not exist (" + std::to_string(devices) + " CUDA devices)");
   }
   CUDA_CHECK(cudaSetDevice(params_.device));
   {
     const transformer_config c = load_hf_config(model_dir);  // shape checks before the big load
-    if (c.head_dim != 128) throw std::runtime_error("cuda_engine: head_dim " + std::to_string(c.head_dim) + " is not supported (128 only)");
-    if (c.num_attention_heads / c.num_key_value_heads > 16) throw std::runtime_error("cuda_engine: more than 16 query heads per KV head");
-    if (c.hidden_size % 8 || c.intermediate_size % 8) throw std::runtime_error("cuda_engine: hidden and FFN sizes must be multiples of 8");
+    if (c.head_dim != 128)
+      throw std::runtime_error("cuda_engine: head_dim " + std::to_string(c.head_dim) +
+                               " is not supported (128 only)");
+    if (c.num_attention_heads / c.num_key_value_heads > 16)
+      throw std::runtime_error("cuda_engine: more than 16 query heads per KV head");
+    if (c.hidden_size % 8 || c.intermediate_size % 8)
+      throw std::runtime_error("cuda_engine: hidden and FFN sizes must be multiples of 8");
   }
   weights_ = load_cuda_weights_shared(model_dir, params_.device);
   const transformer_config& c = weights_->config;
-  const uint32_t hidden = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(), ffn = c.intermediate_size;
+  const uint32_t hidden = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(),
+                 ffn = c.intermediate_size;
   const uint32_t max_context = std::min(params_.max_context, c.max_position_embeddings);
 
   cudaDeviceProp prop{};
@@ -356,13 +376,15 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
   int least = 0, greatest = 0;
   CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   cudaStream_t stream = nullptr;
-  CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, params_.high_priority ? greatest : least));
+  CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking,
+                                          params_.high_priority ? greatest : least));
   stream_ = stream;
 
   device_buffers& b = *buf_;
   kcheck(b.gemm.init());
   b.max_rows = std::max(params_.prefill_tokens, params_.max_batch);
-  const uint32_t max_seqs = std::max(params_.max_batch, std::min<uint32_t>(params_.prefill_tokens, 256));
+  const uint32_t max_seqs =
+      std::max(params_.max_batch, std::min<uint32_t>(params_.prefill_tokens, 256));
   b.max_outputs = max_seqs;
   const uint32_t blocks_per_seq = (max_context + params_.block_tokens - 1) / params_.block_tokens;
   b.meta = meta_layout::make(b.max_rows, max_seqs, max_seqs * blocks_per_seq);
@@ -379,15 +401,17 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
   b.delta = device_mem(rows * hidden * 2);
   b.hsel = device_mem(uint64_t{b.max_outputs} * hidden * 2);
   b.logits = device_mem(uint64_t{b.max_outputs} * c.vocab_size * 4);
-  const uint64_t attn_ws = k::decode_attention_workspace_bytes(params_.max_batch, c.num_attention_heads,
-                                                               c.num_key_value_heads, k::decode_attention_max_splits);
+  const uint64_t attn_ws =
+      k::decode_attention_workspace_bytes(params_.max_batch, c.num_attention_heads,
+                                          c.num_key_value_heads, k::decode_attention_max_splits);
   b.attn_ws = device_mem(attn_ws);
   CUDA_CHECK(cudaMemset(b.attn_ws.ptr, 0, attn_ws));
   b.tokens_out = device_mem(uint64_t{b.max_outputs} * 4);
   b.logprobs_out = device_mem(uint64_t{b.max_outputs} * 4);
   b.top_ids = device_mem(uint64_t{b.max_outputs} * k::sampling_max_top * 4);
   b.top_logprobs = device_mem(uint64_t{b.max_outputs} * k::sampling_max_top * 4);
-  CUDA_CHECK(cudaMallocHost(&b.out_host, uint64_t{b.max_outputs} * (2 + 2 * k::sampling_max_top) * 4));
+  CUDA_CHECK(
+      cudaMallocHost(&b.out_host, uint64_t{b.max_outputs} * (2 + 2 * k::sampling_max_top) * 4));
 
   // RoPE tables, computed as the CPU engine computes them (transformers' float32 frequencies).
   {
@@ -401,14 +425,17 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
   }
 
   // KV pool: one extra block takes the writes of padded decode rows.
-  block_elems_ = k::kv_block_elems(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, params_.block_tokens);
+  block_elems_ = k::kv_block_elems(c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
+                                   params_.block_tokens);
   const uint64_t block_bytes = block_elems_ * 2;
   kv_blocks_ = params_.kv_blocks;
   if (params_.kv_memory_fraction > 0.0) {
     size_t free_bytes = 0, total = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
-    kv_blocks_ = static_cast<uint32_t>(std::min<double>(4e9, free_bytes * params_.kv_memory_fraction / block_bytes));
-    if (kv_blocks_ < 2) throw std::runtime_error("cuda_engine: kv_memory_fraction leaves no room for a KV pool");
+    kv_blocks_ = static_cast<uint32_t>(
+        std::min<double>(4e9, free_bytes * params_.kv_memory_fraction / block_bytes));
+    if (kv_blocks_ < 2)
+      throw std::runtime_error("cuda_engine: kv_memory_fraction leaves no room for a KV pool");
     kv_blocks_ -= 1;
   }
   if (kv_blocks_ == 0) throw std::invalid_argument("cuda_engine: kv_blocks must be positive");
@@ -417,12 +444,14 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
   }
   const cudaError_t pool_err = cudaMalloc(&pool_, (uint64_t{kv_blocks_} + 1) * block_bytes);
   if (pool_err != cudaSuccess) {
-    throw std::runtime_error("cuda_engine: cannot allocate a KV pool of " + std::to_string(kv_blocks_) + " blocks (" +
-                             std::to_string((uint64_t{kv_blocks_} + 1) * block_bytes) + " bytes): " +
-                             cudaGetErrorString(pool_err));
+    throw std::runtime_error("cuda_engine: cannot allocate a KV pool of " +
+                             std::to_string(kv_blocks_) + " blocks (" +
+                             std::to_string((uint64_t{kv_blocks_} + 1) * block_bytes) +
+                             " bytes): " + cudaGetErrorString(pool_err));
   }
 
-  if (const char* v = std::getenv("DUET_CUDA_ATTN_VARIANT")) attention_variant_ = static_cast<uint32_t>(std::atoi(v));
+  if (const char* v = std::getenv("DUET_CUDA_ATTN_VARIANT"))
+    attention_variant_ = static_cast<uint32_t>(std::atoi(v));
   for (uint32_t bucket = 1; bucket < params_.max_batch; bucket *= 2) buckets_.push_back(bucket);
   buckets_.push_back(params_.max_batch);
 
@@ -432,8 +461,8 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
   info_.max_context = max_context;
   info_.block_tokens = params_.block_tokens;
   info_.block_bytes = block_bytes;
-  info_.layout_hash = layout_hash(params_.served_name, "bf16", c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
-                                  params_.block_tokens);
+  info_.layout_hash = layout_hash(params_.served_name, "bf16", c.num_hidden_layers,
+                                  c.num_key_value_heads, c.head_dim, params_.block_tokens);
   info_.eos_ids = c.eos_token_ids;
   CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -449,27 +478,36 @@ cuda_engine::~cuda_engine() {
   if (stream_) cudaStreamDestroy(as_stream(stream_));
 }
 
-const transformer_config& cuda_engine::config() const { return weights_->config; }
-uint64_t cuda_engine::weight_bytes() const { return weights_->bytes; }
+const transformer_config& cuda_engine::config() const {
+  return weights_->config;
+}
+uint64_t cuda_engine::weight_bytes() const {
+  return weights_->bytes;
+}
 
 std::span<const float> cuda_engine::last_logits(std::size_t i) const {
   const std::size_t v = info_.vocab_size;
   if ((i + 1) * v > logits_host_.size()) {
-    throw std::out_of_range("cuda_engine::last_logits: no logits kept for output " + std::to_string(i));
+    throw std::out_of_range("cuda_engine::last_logits: no logits kept for output " +
+                            std::to_string(i));
   }
   return {logits_host_.data() + i * v, v};
 }
 
-void cuda_engine::check_blocks(std::span<const uint32_t> blocks, uint64_t positions, const char* what) const {
+void cuda_engine::check_blocks(std::span<const uint32_t> blocks, uint64_t positions,
+                               const char* what) const {
   const uint64_t needed = (positions + params_.block_tokens - 1) / params_.block_tokens;
   if (blocks.size() < needed) {
-    throw std::invalid_argument(std::string("cuda_engine: ") + what + ": " + std::to_string(positions) + " positions need " +
-                                std::to_string(needed) + " blocks, the block table has " + std::to_string(blocks.size()));
+    throw std::invalid_argument(std::string("cuda_engine: ") + what + ": " +
+                                std::to_string(positions) + " positions need " +
+                                std::to_string(needed) + " blocks, the block table has " +
+                                std::to_string(blocks.size()));
   }
   for (uint64_t i = 0; i < needed; ++i) {
     if (blocks[i] >= kv_blocks_) {
-      throw std::invalid_argument(std::string("cuda_engine: ") + what + ": block " + std::to_string(blocks[i]) +
-                                  " is outside the pool of " + std::to_string(kv_blocks_));
+      throw std::invalid_argument(std::string("cuda_engine: ") + what + ": block " +
+                                  std::to_string(blocks[i]) + " is outside the pool of " +
+                                  std::to_string(kv_blocks_));
     }
   }
 }
@@ -491,7 +529,8 @@ uint32_t cuda_engine::splits_for(uint32_t rows) const {
 void cuda_engine::upload(const pass& ps) {
   const device_buffers& b = *buf_;
   const uint64_t bytes = b.meta.blocks + uint64_t{ps.blocks} * 4;
-  CUDA_CHECK(cudaMemcpyAsync(b.meta_dev.ptr, b.meta_host, bytes, cudaMemcpyHostToDevice, as_stream(stream_)));
+  CUDA_CHECK(cudaMemcpyAsync(b.meta_dev.ptr, b.meta_host, bytes, cudaMemcpyHostToDevice,
+                             as_stream(stream_)));
   CUDA_CHECK(cudaEventRecord(b.meta_sent, as_stream(stream_)));
 }
 
@@ -500,13 +539,14 @@ void cuda_engine::forward(const pass& ps) {
   const cuda_weights& w = *weights_;
   const transformer_config& c = w.config;
   const cudaStream_t s = as_stream(stream_);
-  const uint32_t hidden = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(), ffn = c.intermediate_size;
+  const uint32_t hidden = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(),
+                 ffn = c.intermediate_size;
   const uint32_t qkv_dim = qd + 2 * kvd;
   const uint32_t rows = ps.rows;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
-  const k::kv_pool_view kv{static_cast<uint16_t*>(pool_), block_elems_, c.num_hidden_layers, c.num_key_value_heads,
-                           c.head_dim, params_.block_tokens};
+  const k::kv_pool_view kv{static_cast<uint16_t*>(pool_), block_elems_, c.num_hidden_layers,
+                           c.num_key_value_heads,         c.head_dim,   params_.block_tokens};
   auto* x = b.x.as<uint16_t>();
   auto* h = b.h.as<uint16_t>();
   auto* qkv = b.qkv.as<uint16_t>();
@@ -516,7 +556,8 @@ void cuda_engine::forward(const pass& ps) {
   // One row (batch-1 decode): SwiGLU is applied inside the down projection's skinny GEMM.
   const bool fused_swiglu = rows == 1 && k::gemm_skinny_enabled();
 
-  kcheck(k::embedding_gather({w.embedding, b.dev<int32_t>(b.meta.tokens), x, rows, hidden, c.vocab_size}, s));
+  kcheck(k::embedding_gather(
+      {w.embedding, b.dev<int32_t>(b.meta.tokens), x, rows, hidden, c.vocab_size}, s));
   for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
     const cuda_weights::layer& L = w.layers[l];
     kcheck(k::add_rmsnorm({x, l == 0 ? nullptr : delta, L.input_norm, h, rows, hidden, eps}, s));
@@ -586,18 +627,21 @@ void cuda_engine::forward(const pass& ps) {
       kcheck(b.gemm.run(down, s));
     } else {
       kcheck(k::silu_mul({gu, b.act.as<uint16_t>(), rows, ffn}, s));
-      kcheck(b.gemm.run({b.act.as<uint16_t>(), ffn, L.down, nullptr, delta, hidden, rows, hidden, ffn}, s));
+      kcheck(b.gemm.run(
+          {b.act.as<uint16_t>(), ffn, L.down, nullptr, delta, hidden, rows, hidden, ffn}, s));
     }
   }
   kcheck(k::add_rmsnorm({x, delta, w.final_norm, h, rows, hidden, eps}, s));
   if (ps.outputs == 0) return;
   const uint16_t* head_in = h;
   if (!ps.decode) {
-    kcheck(k::embedding_gather({h, b.dev<int32_t>(b.meta.out_rows), b.hsel.as<uint16_t>(), ps.outputs, hidden, rows}, s));
+    kcheck(k::embedding_gather(
+        {h, b.dev<int32_t>(b.meta.out_rows), b.hsel.as<uint16_t>(), ps.outputs, hidden, rows}, s));
     head_in = b.hsel.as<uint16_t>();
   }
   const uint32_t out_rows = ps.decode ? rows : ps.outputs;
-  k::gemm_params head{head_in, hidden, w.lm_head, nullptr, b.logits.ptr, c.vocab_size, out_rows, c.vocab_size, hidden};
+  k::gemm_params head{head_in,      hidden,   w.lm_head,    nullptr, b.logits.ptr,
+                      c.vocab_size, out_rows, c.vocab_size, hidden};
   head.y_fp32 = true;
   kcheck(b.gemm.run(head, s));
   k::sample_params sp;
@@ -614,27 +658,32 @@ void cuda_engine::forward(const pass& ps) {
   kcheck(k::sample_tokens(sp, s));
 }
 
-void cuda_engine::finish_samples(const pass& ps, std::vector<sample_result>& results, std::vector<float>& kept_logits) {
+void cuda_engine::finish_samples(const pass& ps, std::vector<sample_result>& results,
+                                 std::vector<float>& kept_logits) {
   device_buffers& b = *buf_;
   const cudaStream_t s = as_stream(stream_);
   const uint32_t n = ps.decode ? ps.real_rows : ps.outputs;
   auto* host_tokens = static_cast<int32_t*>(b.out_host);
   auto* host_logprobs = reinterpret_cast<float*>(host_tokens + b.max_outputs);
   auto* host_top_ids = reinterpret_cast<int32_t*>(host_logprobs + b.max_outputs);
-  auto* host_top_lp = reinterpret_cast<float*>(host_top_ids + uint64_t{b.max_outputs} * k::sampling_max_top);
+  auto* host_top_lp =
+      reinterpret_cast<float*>(host_top_ids + uint64_t{b.max_outputs} * k::sampling_max_top);
   CUDA_CHECK(cudaMemcpyAsync(host_tokens, b.tokens_out.ptr, n * 4, cudaMemcpyDeviceToHost, s));
   CUDA_CHECK(cudaMemcpyAsync(host_logprobs, b.logprobs_out.ptr, n * 4, cudaMemcpyDeviceToHost, s));
   const uint32_t max_top = ps.decode ? k::sampling_max_top : ps.max_top;
   if (ps.max_top > 0) {
-    CUDA_CHECK(cudaMemcpyAsync(host_top_ids, b.top_ids.ptr, uint64_t{n} * max_top * 4, cudaMemcpyDeviceToHost, s));
-    CUDA_CHECK(cudaMemcpyAsync(host_top_lp, b.top_logprobs.ptr, uint64_t{n} * max_top * 4, cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaMemcpyAsync(host_top_ids, b.top_ids.ptr, uint64_t{n} * max_top * 4,
+                               cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaMemcpyAsync(host_top_lp, b.top_logprobs.ptr, uint64_t{n} * max_top * 4,
+                               cudaMemcpyDeviceToHost, s));
   }
   const uint32_t vocab = info_.vocab_size;
   std::vector<float> row_logits;
   const uint64_t kept_at = kept_logits.size();
   if (keep_logits_) {
     kept_logits.resize(kept_at + uint64_t{n} * vocab);
-    CUDA_CHECK(cudaMemcpyAsync(kept_logits.data() + kept_at, b.logits.ptr, uint64_t{n} * vocab * 4, cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaMemcpyAsync(kept_logits.data() + kept_at, b.logits.ptr, uint64_t{n} * vocab * 4,
+                               cudaMemcpyDeviceToHost, s));
   }
   CUDA_CHECK(cudaStreamSynchronize(s));
   for (uint32_t i = 0; i < n; ++i) {
@@ -643,8 +692,8 @@ void cuda_engine::finish_samples(const pass& ps, std::vector<sample_result>& res
     if (has_penalties(sp)) {
       // Penalties depend on the whole context: this row is sampled on the host (runtime/sampler).
       row_logits.resize(vocab);
-      CUDA_CHECK(cudaMemcpy(row_logits.data(), b.logits.as<float>() + uint64_t{i} * vocab, uint64_t{vocab} * 4,
-                            cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaMemcpy(row_logits.data(), b.logits.as<float>() + uint64_t{i} * vocab,
+                            uint64_t{vocab} * 4, cudaMemcpyDeviceToHost));
       r = host_sampler_[0].sample(row_logits, sp, ps.context[i], ps.seeds[i], ps.positions[i]);
     } else {
       r.token = host_tokens[i];
@@ -664,16 +713,20 @@ step_output cuda_engine::prefill(std::span<const prefill_chunk> chunks) {
   CUDA_CHECK(cudaSetDevice(params_.device));
   const uint32_t vocab = info_.vocab_size;
   for (const auto& ch : chunks) {
-    if (ch.tokens.empty()) throw std::invalid_argument("cuda_engine: prefill chunk of sequence " + std::to_string(ch.seq_id) + " is empty");
+    if (ch.tokens.empty())
+      throw std::invalid_argument("cuda_engine: prefill chunk of sequence " +
+                                  std::to_string(ch.seq_id) + " is empty");
     const uint64_t end = uint64_t{ch.start} + ch.tokens.size();
     if (end > info_.max_context) {
-      throw std::invalid_argument("cuda_engine: sequence " + std::to_string(ch.seq_id) + " reaches position " +
-                                  std::to_string(end) + ", over the context limit of " + std::to_string(info_.max_context));
+      throw std::invalid_argument(
+          "cuda_engine: sequence " + std::to_string(ch.seq_id) + " reaches position " +
+          std::to_string(end) + ", over the context limit of " + std::to_string(info_.max_context));
     }
     for (int32_t t : ch.tokens) {
       if (t < 0 || static_cast<uint32_t>(t) >= vocab) {
-        throw std::invalid_argument("cuda_engine: token " + std::to_string(t) + " of sequence " + std::to_string(ch.seq_id) +
-                                    " is outside the vocabulary of " + std::to_string(vocab));
+        throw std::invalid_argument("cuda_engine: token " + std::to_string(t) + " of sequence " +
+                                    std::to_string(ch.seq_id) + " is outside the vocabulary of " +
+                                    std::to_string(vocab));
       }
     }
     check_blocks(ch.blocks, end, "prefill");
@@ -710,13 +763,15 @@ step_output cuda_engine::prefill(std::span<const prefill_chunk> chunks) {
     while (ci < chunks.size() && ps.rows < b.max_rows && ps.seqs < b.meta.max_seqs) {
       const prefill_chunk& ch = chunks[ci];
       const uint32_t first = ch.start + done_in_chunk;
-      const uint32_t take = std::min<uint32_t>(static_cast<uint32_t>(ch.tokens.size()) - done_in_chunk, b.max_rows - ps.rows);
+      const uint32_t take = std::min<uint32_t>(
+          static_cast<uint32_t>(ch.tokens.size()) - done_in_chunk, b.max_rows - ps.rows);
       const uint32_t table_len = (first + take + bt - 1) / bt;
       if (ps.blocks + table_len > b.meta.max_blocks) break;
       const uint32_t seq = ps.seqs++;
       seq_start[seq] = static_cast<int32_t>(first);
       seq_table[seq] = static_cast<int32_t>(ps.blocks);
-      for (uint32_t i = 0; i < table_len; ++i) blocks[ps.blocks + i] = static_cast<int32_t>(ch.blocks[i]);
+      for (uint32_t i = 0; i < table_len; ++i)
+        blocks[ps.blocks + i] = static_cast<int32_t>(ch.blocks[i]);
       ps.blocks += table_len;
       for (uint32_t i = 0; i < take; ++i) {
         const uint32_t pos = first + i;
@@ -748,7 +803,8 @@ step_output cuda_engine::prefill(std::span<const prefill_chunk> chunks) {
           requests[o] = rq;
           ps.sampling.push_back(sp);
           std::span<const int32_t> context = ch.tokens;
-          if (auto it = prompt_tokens_.find(ch.seq_id); it != prompt_tokens_.end()) context = it->second;
+          if (auto it = prompt_tokens_.find(ch.seq_id); it != prompt_tokens_.end())
+            context = it->second;
           ps.context.push_back(context);
           ps.seeds.push_back(seed);
           ps.positions.push_back(position);
@@ -773,7 +829,8 @@ step_output cuda_engine::prefill(std::span<const prefill_chunk> chunks) {
   return out;
 }
 
-void cuda_engine::decode_part(std::span<const decode_slot> slots, std::vector<sample_result>& results,
+void cuda_engine::decode_part(std::span<const decode_slot> slots,
+                              std::vector<sample_result>& results,
                               std::vector<float>& kept_logits) {
   device_buffers& b = *buf_;
   const uint32_t bt = params_.block_tokens;
@@ -803,7 +860,8 @@ void cuda_engine::decode_part(std::span<const decode_slot> slots, std::vector<sa
       seq_lens[i] = static_cast<int32_t>(len);
       seq_table[i] = static_cast<int32_t>(ps.blocks);
       const uint32_t table_len = (len + bt - 1) / bt;
-      for (uint32_t j = 0; j < table_len; ++j) blocks[ps.blocks + j] = static_cast<int32_t>(s.blocks[j]);
+      for (uint32_t j = 0; j < table_len; ++j)
+        blocks[ps.blocks + j] = static_cast<int32_t>(s.blocks[j]);
       ps.blocks += table_len;
       const msg::sampling_params* sp = s.sampling;
       const uint64_t seed = sampler_seed(sp, s.seq_id);
@@ -854,14 +912,16 @@ void cuda_engine::decode_part(std::span<const decode_slot> slots, std::vector<sa
       cudaGraph_t graph = nullptr;
       const cudaError_t end = cudaStreamEndCapture(s, &graph);
       cudaGraphExec_t exec = nullptr;
-      if (captured && end == cudaSuccess && graph && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess) {
+      if (captured && end == cudaSuccess && graph &&
+          cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess) {
         g.exec = exec;
         g.max_splits = ps.max_splits;
       } else {
         g.failed = true;
         cudaGetLastError();
-        std::fprintf(stderr, "cuda_engine: decode graph for batch %u not captured (%s); running eagerly\n", ps.rows,
-                     why.empty() ? cudaGetErrorString(end) : why.c_str());
+        std::fprintf(stderr,
+                     "cuda_engine: decode graph for batch %u not captured (%s); running eagerly\n",
+                     ps.rows, why.empty() ? cudaGetErrorString(end) : why.c_str());
       }
       if (graph) cudaGraphDestroy(graph);
       // The warm-up pass already computed this step's outputs.
@@ -886,23 +946,29 @@ step_output cuda_engine::decode(std::span<const decode_slot> slots) {
   CUDA_CHECK(cudaSetDevice(params_.device));
   const uint32_t vocab = info_.vocab_size;
   for (const auto& s : slots) {
-    if (s.history.empty()) throw std::invalid_argument("cuda_engine: decode slot of sequence " + std::to_string(s.seq_id) + " has no history");
+    if (s.history.empty())
+      throw std::invalid_argument("cuda_engine: decode slot of sequence " +
+                                  std::to_string(s.seq_id) + " has no history");
     const uint64_t positions = s.history.size();
     if (positions > info_.max_context) {
-      throw std::invalid_argument("cuda_engine: sequence " + std::to_string(s.seq_id) + " holds " + std::to_string(positions) +
-                                  " tokens, over the context limit of " + std::to_string(info_.max_context));
+      throw std::invalid_argument("cuda_engine: sequence " + std::to_string(s.seq_id) + " holds " +
+                                  std::to_string(positions) +
+                                  " tokens, over the context limit of " +
+                                  std::to_string(info_.max_context));
     }
     const int32_t t = s.history.back();
     if (t < 0 || static_cast<uint32_t>(t) >= vocab) {
-      throw std::invalid_argument("cuda_engine: token " + std::to_string(t) + " of sequence " + std::to_string(s.seq_id) +
-                                  " is outside the vocabulary of " + std::to_string(vocab));
+      throw std::invalid_argument("cuda_engine: token " + std::to_string(t) + " of sequence " +
+                                  std::to_string(s.seq_id) + " is outside the vocabulary of " +
+                                  std::to_string(vocab));
     }
     check_blocks(s.blocks, positions, "decode");
   }
   std::vector<sample_result> results;
   std::vector<float> kept;
   for (std::size_t at = 0; at < slots.size(); at += params_.max_batch) {
-    decode_part(slots.subspan(at, std::min<std::size_t>(params_.max_batch, slots.size() - at)), results, kept);
+    decode_part(slots.subspan(at, std::min<std::size_t>(params_.max_batch, slots.size() - at)),
+                results, kept);
   }
   samples_ = std::move(results);
   logits_host_ = std::move(kept);
@@ -911,7 +977,9 @@ step_output cuda_engine::decode(std::span<const decode_slot> slots) {
   return out;
 }
 
-void cuda_engine::release(uint64_t seq_id) { prompt_tokens_.erase(seq_id); }
+void cuda_engine::release(uint64_t seq_id) {
+  prompt_tokens_.erase(seq_id);
+}
 
 bool cuda_engine::read_blocks(std::span<const uint32_t> blocks, std::span<std::byte> out) const {
   if (out.size() != blocks.size() * info_.block_bytes) return false;
@@ -921,7 +989,8 @@ bool cuda_engine::read_blocks(std::span<const uint32_t> blocks, std::span<std::b
   CUDA_CHECK(cudaSetDevice(params_.device));
   const cudaStream_t s = as_stream(stream_);
   for (std::size_t i = 0; i < blocks.size(); ++i) {
-    CUDA_CHECK(cudaMemcpyAsync(out.data() + i * info_.block_bytes, static_cast<char*>(pool_) + blocks[i] * info_.block_bytes,
+    CUDA_CHECK(cudaMemcpyAsync(out.data() + i * info_.block_bytes,
+                               static_cast<char*>(pool_) + blocks[i] * info_.block_bytes,
                                info_.block_bytes, cudaMemcpyDeviceToHost, s));
   }
   CUDA_CHECK(cudaStreamSynchronize(s));
@@ -936,16 +1005,20 @@ bool cuda_engine::write_blocks(std::span<const uint32_t> blocks, std::span<const
   CUDA_CHECK(cudaSetDevice(params_.device));
   const cudaStream_t s = as_stream(stream_);
   for (std::size_t i = 0; i < blocks.size(); ++i) {
-    CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(pool_) + blocks[i] * info_.block_bytes, in.data() + i * info_.block_bytes,
-                               info_.block_bytes, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(pool_) + blocks[i] * info_.block_bytes,
+                               in.data() + i * info_.block_bytes, info_.block_bytes,
+                               cudaMemcpyHostToDevice, s));
   }
   CUDA_CHECK(cudaStreamSynchronize(s));
   return true;
 }
 
-std::unique_ptr<engine> make_cuda_engine(const deployment_config& config, const actor_config& actor) {
+std::unique_ptr<engine> make_cuda_engine(const deployment_config& config,
+                                         const actor_config& actor) {
   if (config.model.path.empty()) {
-    throw std::runtime_error("engine 'cuda' needs model.path: a Hugging Face model directory (config.json, *.safetensors)");
+    throw std::runtime_error(
+        "engine 'cuda' needs model.path: a Hugging Face model directory (config.json, "
+        "*.safetensors)");
   }
   cuda_engine_params params;
   params.served_name = config.model.name;

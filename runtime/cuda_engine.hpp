@@ -27,20 +27,22 @@ namespace duet {
 struct cuda_engine_params {
   std::string served_name = "duet-cuda";  // engine_info.model; part of the layout hash
   int device = 0;
-  uint32_t kv_blocks = 4096;           // KV pool size in blocks (when kv_memory_fraction == 0)
-  double kv_memory_fraction = 0.0;     // > 0: the pool takes this fraction of the memory free after load
+  uint32_t kv_blocks = 4096;  // KV pool size in blocks (when kv_memory_fraction == 0)
+  double kv_memory_fraction =
+      0.0;  // > 0: the pool takes this fraction of the memory free after load
   uint32_t block_tokens = 16;
-  uint32_t max_context = 32768;        // capped at the model's max_position_embeddings
-  uint32_t max_batch = 64;             // decode rows per graph launch (larger steps run in parts)
-  uint32_t prefill_tokens = 2048;      // rows per prefill forward pass (longer steps run in pieces)
-  bool high_priority = false;          // the stream gets the device's highest priority (decode actors)
-  bool cuda_graphs = true;             // decode steps replay captured graphs
+  uint32_t max_context = 32768;    // capped at the model's max_position_embeddings
+  uint32_t max_batch = 64;         // decode rows per graph launch (larger steps run in parts)
+  uint32_t prefill_tokens = 2048;  // rows per prefill forward pass (longer steps run in pieces)
+  bool high_priority = false;      // the stream gets the device's highest priority (decode actors)
+  bool cuda_graphs = true;         // decode steps replay captured graphs
 };
 
 struct cuda_weights;
 
 /// The weights of `dir` on `device`, loaded on first use and shared while any engine holds them.
-[[nodiscard]] std::shared_ptr<const cuda_weights> load_cuda_weights_shared(const std::filesystem::path& dir, int device);
+[[nodiscard]] std::shared_ptr<const cuda_weights> load_cuda_weights_shared(
+    const std::filesystem::path& dir, int device);
 
 class cuda_engine final : public engine {
  public:
@@ -89,7 +91,8 @@ class cuda_engine final : public engine {
   void forward(const pass& ps);
   void upload(const pass& ps);
   void run_pass(pass& ps, std::vector<sample_result>& results, std::vector<float>& kept_logits);
-  void finish_samples(const pass& ps, std::vector<sample_result>& results, std::vector<float>& kept_logits);
+  void finish_samples(const pass& ps, std::vector<sample_result>& results,
+                      std::vector<float>& kept_logits);
   void decode_part(std::span<const decode_slot> slots, std::vector<sample_result>& results,
                    std::vector<float>& kept_logits);
   [[nodiscard]] uint32_t bucket_of(uint32_t rows) const;
@@ -102,7 +105,7 @@ class cuda_engine final : public engine {
   void* stream_ = nullptr;  // cudaStream_t
   std::unique_ptr<device_buffers> buf_;
   void* pool_ = nullptr;
-  uint32_t kv_blocks_ = 0;   // usable blocks; block kv_blocks_ is scratch for padded rows
+  uint32_t kv_blocks_ = 0;  // usable blocks; block kv_blocks_ is scratch for padded rows
   uint64_t block_elems_ = 0;
   int sm_count_ = 0;
   std::map<uint32_t, decode_graph> graphs_;
@@ -110,8 +113,10 @@ class cuda_engine final : public engine {
   bool keep_logits_ = false;
   std::vector<sample_result> samples_;
   std::vector<float> logits_host_;
-  std::vector<sampler> host_sampler_{1};  // rows whose requests have penalties are sampled on the host
-  std::unordered_map<uint64_t, std::vector<int32_t>> prompt_tokens_;  // penalties: prompt seen so far
+  std::vector<sampler> host_sampler_{
+      1};  // rows whose requests have penalties are sampled on the host
+  std::unordered_map<uint64_t, std::vector<int32_t>>
+      prompt_tokens_;               // penalties: prompt seen so far
   uint32_t attention_variant_ = 0;  // kernels/attention.cuh variant (DUET_CUDA_ATTN_VARIANT)
   uint64_t graph_steps_ = 0;
   uint64_t eager_steps_ = 0;
@@ -120,6 +125,7 @@ class cuda_engine final : public engine {
 /// engine.kind "cuda": loads config.model.path on actor.device with the actor's KV pool size
 /// (kv_blocks, or kv_memory_fraction of free memory), max_batch and chunk_tokens; decode actors
 /// get the high-priority stream.
-[[nodiscard]] std::unique_ptr<engine> make_cuda_engine(const deployment_config& config, const actor_config& actor);
+[[nodiscard]] std::unique_ptr<engine> make_cuda_engine(const deployment_config& config,
+                                                       const actor_config& actor);
 
 }  // namespace duet

@@ -14,14 +14,13 @@
 //     deviations of the difference of two independent bf16 errors of that size);
 //   - the 2e-2 bound on ||ours - hf_bf16|| / ||hf_bf16|| is reported as met or not.
 // Exit status 1 when the parity or greedy rule fails.
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 
 #include "runtime/cuda_engine.hpp"
@@ -76,7 +75,8 @@ int32_t argmax(std::span<const float> v) {
   return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
-int compare(const std::filesystem::path& dir, const std::filesystem::path& ref_dir, const std::filesystem::path& out_file) {
+int compare(const std::filesystem::path& dir, const std::filesystem::path& ref_dir,
+            const std::filesystem::path& out_file) {
   json ref;
   std::ifstream(ref_dir / "ref.json") >> ref;
   const std::size_t vocab = ref["vocab"];
@@ -100,7 +100,8 @@ int compare(const std::filesystem::path& dir, const std::filesystem::path& ref_d
   params.prefill_tokens = 512;
   auto t0 = std::chrono::steady_clock::now();
   cuda_engine engine(dir, params);
-  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   engine.keep_logits(true);
   const uint32_t bt = engine.info().block_tokens;
   std::vector<std::vector<uint32_t>> blocks(n);
@@ -113,17 +114,22 @@ int compare(const std::filesystem::path& dir, const std::filesystem::path& ref_d
   // Prefill: the last prompt's first half alone, then everything else in one call.
   const std::size_t last = n - 1;
   const std::size_t half = prompts[last].size() / 2;
-  (void)engine.prefill(std::vector<prefill_chunk>{
-      {last, std::span<const int32_t>(prompts[last]).first(half), 0, blocks[last], false, nullptr}});
+  (void)engine.prefill(
+      std::vector<prefill_chunk>{{last, std::span<const int32_t>(prompts[last]).first(half), 0,
+                                  blocks[last], false, nullptr}});
   std::vector<prefill_chunk> chunks;
-  for (std::size_t i = 0; i < last; ++i) chunks.push_back({i, prompts[i], 0, blocks[i], true, nullptr});
-  chunks.push_back({last, std::span<const int32_t>(prompts[last]).subspan(half), static_cast<uint32_t>(half), blocks[last], true, nullptr});
+  for (std::size_t i = 0; i < last; ++i)
+    chunks.push_back({i, prompts[i], 0, blocks[i], true, nullptr});
+  chunks.push_back({last, std::span<const int32_t>(prompts[last]).subspan(half),
+                    static_cast<uint32_t>(half), blocks[last], true, nullptr});
   const auto out0 = engine.prefill(chunks);
 
   json report;
   report["load_s"] = load_s;
-  report["rule"] = {{"rel_bound_vs_hf_bf16", rel_bound}, {"noise_sigmas", noise_sigmas},
-                    {"parity_mean", parity_mean}, {"parity_max", parity_max}};
+  report["rule"] = {{"rel_bound_vs_hf_bf16", rel_bound},
+                    {"noise_sigmas", noise_sigmas},
+                    {"parity_mean", parity_mean},
+                    {"parity_max", parity_max}};
   double max_rel = 0, sum_rel = 0, max32 = 0, sum32 = 0, max_hf32 = 0, sum_hf32 = 0;
   int rows = 0, ruled = 0, agree_ruled = 0, agree_all = 0, violations = 0, nonfinite = 0;
   std::vector<int> first_divergence(n, -1);
@@ -154,8 +160,8 @@ int compare(const std::filesystem::path& dir, const std::filesystem::path& ref_d
       agree_ruled += same;
       if (!same) {
         ++violations;
-        std::printf("VIOLATION prompt %zu step %d: ours %d, hf %d, margin %.4f > %.4f\n", i, s, our_token, hf_tokens[i][s],
-                    margins[i][s], tau);
+        std::printf("VIOLATION prompt %zu step %d: ours %d, hf %d, margin %.4f > %.4f\n", i, s,
+                    our_token, hf_tokens[i][s], margins[i][s], tau);
       }
     }
   };
@@ -173,21 +179,25 @@ int compare(const std::filesystem::path& dir, const std::filesystem::path& ref_d
       score(i, s, engine.last_logits(i), out.tokens[i]);
       if (argmax(engine.last_logits(i)) != out.tokens[i]) {
         ++violations;
-        std::printf("SAMPLER prompt %zu step %d: greedy token %d is not the argmax\n", i, s, out.tokens[i]);
+        std::printf("SAMPLER prompt %zu step %d: greedy token %d is not the argmax\n", i, s,
+                    out.tokens[i]);
       }
     }
   }
   json per_prompt = json::array();
   for (std::size_t i = 0; i < n; ++i) {
-    per_prompt.push_back({{"prompt_tokens", prompts[i].size()}, {"prefill_rel_vs_hf_bf16", prefill_rel[i]},
-                          {"prefill_rel_vs_fp32", prefill32[i]}, {"hf_bf16_prefill_rel_vs_fp32", bf16_rel[i][0]},
+    per_prompt.push_back({{"prompt_tokens", prompts[i].size()},
+                          {"prefill_rel_vs_hf_bf16", prefill_rel[i]},
+                          {"prefill_rel_vs_fp32", prefill32[i]},
+                          {"hf_bf16_prefill_rel_vs_fp32", bf16_rel[i][0]},
                           {"first_divergence_step", first_divergence[i]}});
   }
   const bool parity = sum32 <= parity_mean * sum_hf32 && max32 <= parity_max * max_hf32;
   const bool within_bound = max_rel <= rel_bound;
   report["prompts"] = per_prompt;
   report["rows_compared"] = rows;
-  report["ours_vs_hf_bf16"] = {{"max_rel", max_rel}, {"mean_rel", sum_rel / rows}, {"within_2e-2", within_bound}};
+  report["ours_vs_hf_bf16"] = {
+      {"max_rel", max_rel}, {"mean_rel", sum_rel / rows}, {"within_2e-2", within_bound}};
   report["ours_vs_fp32"] = {{"max_rel", max32}, {"mean_rel", sum32 / rows}};
   report["hf_bf16_vs_fp32"] = {{"max_rel", max_hf32}, {"mean_rel", sum_hf32 / rows}};
   report["parity"] = parity;
@@ -200,17 +210,25 @@ int compare(const std::filesystem::path& dir, const std::filesystem::path& ref_d
   const bool pass = violations == 0 && nonfinite == 0 && parity;
   report["pass"] = pass;
   std::ofstream(out_file) << report.dump(1) << "\n";
-  std::printf("e2e vs HF: %d logits rows (prefill + %d teacher-forced decode steps x %zu prompts)\n", rows, steps, n);
+  std::printf(
+      "e2e vs HF: %d logits rows (prefill + %d teacher-forced decode steps x %zu prompts)\n", rows,
+      steps, n);
   for (std::size_t i = 0; i < n; ++i) {
-    std::printf("  prompt %zu (%zu tokens): prefill rel vs HF bf16 %.3g, vs fp32 %.3g (HF bf16 vs fp32 %.3g); first greedy "
-                "divergence at step %d\n",
-                i, prompts[i].size(), prefill_rel[i], prefill32[i], bf16_rel[i][0], first_divergence[i]);
+    std::printf(
+        "  prompt %zu (%zu tokens): prefill rel vs HF bf16 %.3g, vs fp32 %.3g (HF bf16 vs fp32 "
+        "%.3g); first greedy "
+        "divergence at step %d\n",
+        i, prompts[i].size(), prefill_rel[i], prefill32[i], bf16_rel[i][0], first_divergence[i]);
   }
-  std::printf("  ours vs HF bf16: max %.3g, mean %.3g (2e-2 bound %s)\n", max_rel, sum_rel / rows, within_bound ? "met" : "NOT met");
-  std::printf("  ours vs fp32: max %.3g, mean %.3g; HF bf16 vs fp32: max %.3g, mean %.3g (parity %s)\n", max32, sum32 / rows,
-              max_hf32, sum_hf32 / rows, parity ? "holds" : "FAILS");
-  std::printf("  argmax = HF greedy on %d/%d rows; on %d/%d rows whose margin exceeds %.0f sigma of bf16 noise\n", agree_all,
-              rows, agree_ruled, ruled, noise_sigmas);
+  std::printf("  ours vs HF bf16: max %.3g, mean %.3g (2e-2 bound %s)\n", max_rel, sum_rel / rows,
+              within_bound ? "met" : "NOT met");
+  std::printf(
+      "  ours vs fp32: max %.3g, mean %.3g; HF bf16 vs fp32: max %.3g, mean %.3g (parity %s)\n",
+      max32, sum32 / rows, max_hf32, sum_hf32 / rows, parity ? "holds" : "FAILS");
+  std::printf(
+      "  argmax = HF greedy on %d/%d rows; on %d/%d rows whose margin exceeds %.0f sigma of bf16 "
+      "noise\n",
+      agree_all, rows, agree_ruled, ruled, noise_sigmas);
   std::printf("E2E %s\n", pass ? "PASS" : "FAIL");
   return pass ? 0 : 1;
 }

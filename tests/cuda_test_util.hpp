@@ -27,12 +27,12 @@ inline bool have_gpu() {
   return true;
 }
 
-#define DUET_REQUIRE_GPU()                                                              \
-  do {                                                                                  \
-    if (!::duet::cuda_test::have_gpu()) {                                               \
+#define DUET_REQUIRE_GPU()                                                                 \
+  do {                                                                                     \
+    if (!::duet::cuda_test::have_gpu()) {                                                  \
       MESSAGE("skipped: cudaGetDeviceCount found no CUDA device (this test needs a GPU)"); \
-      return;                                                                           \
-    }                                                                                   \
+      return;                                                                              \
+    }                                                                                      \
   } while (0)
 
 inline void check(cudaError_t e, const char* what) {
@@ -70,7 +70,9 @@ class dbuf {
     if (p_) check(cudaMemset(p_, 0xff, n_ * sizeof(T)), "cudaMemset");
   }
   void upload(const std::vector<T>& host) {
-    check(cudaMemcpy(p_, host.data(), std::min(n_, host.size()) * sizeof(T), cudaMemcpyHostToDevice), "upload");
+    check(
+        cudaMemcpy(p_, host.data(), std::min(n_, host.size()) * sizeof(T), cudaMemcpyHostToDevice),
+        "upload");
   }
   [[nodiscard]] std::vector<T> download() const {
     std::vector<T> host(n_);
@@ -86,7 +88,8 @@ class dbuf {
   std::size_t n_ = 0;
 };
 
-inline std::vector<uint16_t> random_bf16(std::size_t n, std::mt19937& rng, float stddev = 1.0f, float mean = 0.0f) {
+inline std::vector<uint16_t> random_bf16(std::size_t n, std::mt19937& rng, float stddev = 1.0f,
+                                         float mean = 0.0f) {
   std::normal_distribution<float> d(mean, stddev);
   std::vector<uint16_t> v(n);
   for (auto& x : v) x = kernels::f32_to_bf16(d(rng));
@@ -94,8 +97,8 @@ inline std::vector<uint16_t> random_bf16(std::size_t n, std::mt19937& rng, float
 }
 
 struct error_stats {
-  double rel = 0;        // ||out - ref|| / ||ref||
-  std::size_t nan = 0;   // NaN or inf in out where ref is finite
+  double rel = 0;       // ||out - ref|| / ||ref||
+  std::size_t nan = 0;  // NaN or inf in out where ref is finite
   std::size_t n = 0;
 };
 
@@ -118,13 +121,16 @@ error_stats compare(std::size_t n, F&& pair) {
   return s;
 }
 
-inline error_stats compare_bf16(const std::vector<uint16_t>& out, const std::vector<uint16_t>& ref) {
+inline error_stats compare_bf16(const std::vector<uint16_t>& out,
+                                const std::vector<uint16_t>& ref) {
   return compare(ref.size(), [&](std::size_t i) {
     return std::pair<float, float>{kernels::bf16_to_f32(out[i]), kernels::bf16_to_f32(ref[i])};
   });
 }
 inline error_stats compare_f32(const std::vector<float>& out, const std::vector<float>& ref) {
-  return compare(ref.size(), [&](std::size_t i) { return std::pair<float, float>{out[i], ref[i]}; });
+  return compare(ref.size(), [&](std::size_t i) {
+    return std::pair<float, float>{out[i], ref[i]};
+  });
 }
 
 }  // namespace duet::cuda_test

@@ -64,7 +64,8 @@ struct sequence {
   std::vector<uint32_t> blocks;
 };
 
-std::vector<sequence> make_sequences(std::mt19937& rng, const std::vector<uint32_t>& lens, uint32_t vocab, uint32_t extra) {
+std::vector<sequence> make_sequences(std::mt19937& rng, const std::vector<uint32_t>& lens,
+                                     uint32_t vocab, uint32_t extra) {
   std::vector<sequence> out;
   uint32_t next_block = 0;
   for (std::size_t i = 0; i < lens.size(); ++i) {
@@ -87,7 +88,8 @@ std::vector<prefill_chunk> whole(const std::vector<sequence>& seqs) {
 
 }  // namespace
 
-TEST_CASE("the CUDA engine's prefill and decode logits follow the fp32 CPU engine (llama and qwen2)") {
+TEST_CASE(
+    "the CUDA engine's prefill and decode logits follow the fp32 CPU engine (llama and qwen2)") {
   DUET_REQUIRE_GPU();
   for (const std::string arch : {"llama", "qwen2"}) {
     INFO("arch " << arch);
@@ -149,12 +151,15 @@ TEST_CASE("graph replay, eager decode and chunked prefill give the same results"
   std::mt19937 rng(5);
   auto seqs = make_sequences(rng, {3, 90, 130, 11, 12}, 3000, 8);
   // The API-level chunks of sequence 2 arrive in two prefill calls on the eager engine.
-  std::vector<prefill_chunk> first_half{{seqs[2].id, std::span<const int32_t>(seqs[2].tokens).first(64), 0, seqs[2].blocks, false, nullptr}};
+  std::vector<prefill_chunk> first_half{{seqs[2].id,
+                                         std::span<const int32_t>(seqs[2].tokens).first(64), 0,
+                                         seqs[2].blocks, false, nullptr}};
   (void)eager.prefill(first_half);
   std::vector<prefill_chunk> rest;
   for (std::size_t i = 0; i < seqs.size(); ++i) {
     if (i == 2) {
-      rest.push_back({seqs[i].id, std::span<const int32_t>(seqs[i].tokens).subspan(64), 64, seqs[i].blocks, true, nullptr});
+      rest.push_back({seqs[i].id, std::span<const int32_t>(seqs[i].tokens).subspan(64), 64,
+                      seqs[i].blocks, true, nullptr});
     } else {
       rest.push_back({seqs[i].id, seqs[i].tokens, 0, seqs[i].blocks, true, nullptr});
     }
@@ -165,7 +170,8 @@ TEST_CASE("graph replay, eager decode and chunked prefill give the same results"
   for (std::size_t i = 0; i < a.tokens.size(); ++i) {
     const double e = rel(eager.last_logits(i), graphs.last_logits(i));
     INFO("prefill " << i << " rel " << e);
-    CHECK(e <= 1e-2);  // other pass boundaries change GEMM shapes (cuBLASLt algorithms), not the math
+    CHECK(e <=
+          1e-2);  // other pass boundaries change GEMM shapes (cuBLASLt algorithms), not the math
   }
   std::vector<int32_t> next = a.tokens;
   for (int step = 0; step < 4; ++step) {
@@ -207,9 +213,12 @@ TEST_CASE("KV blocks read from one engine and written into another continue the 
   std::vector<uint32_t> dst(seqs[0].blocks.size());
   std::iota(dst.begin(), dst.end(), 20u);
   REQUIRE(decoder.write_blocks(std::span<const uint32_t>(dst).first(used), bytes));
-  CHECK_FALSE(decoder.write_blocks(std::vector<uint32_t>{64}, std::span<const std::byte>(bytes).first(decoder.info().block_bytes)));
+  CHECK_FALSE(
+      decoder.write_blocks(std::vector<uint32_t>{64},
+                           std::span<const std::byte>(bytes).first(decoder.info().block_bytes)));
   seqs[0].tokens.push_back(first.tokens[0]);
-  const auto a = prefiller.decode(std::vector<decode_slot>{{1, seqs[0].tokens, seqs[0].blocks, nullptr}});
+  const auto a =
+      prefiller.decode(std::vector<decode_slot>{{1, seqs[0].tokens, seqs[0].blocks, nullptr}});
   const auto b = decoder.decode(std::vector<decode_slot>{{1, seqs[0].tokens, dst, nullptr}});
   CHECK(a.tokens == b.tokens);
   CHECK(rel(decoder.last_logits(0), prefiller.last_logits(0)) <= 1e-6);
@@ -245,7 +254,8 @@ TEST_CASE("sampling on the GPU is seeded, and penalties are applied by the host 
   CHECK(samples[0].top[0].logprob >= samples[0].top[3].logprob);
   // The penalised row equals the host sampler on the same logits.
   sampler host;
-  const auto expect = host.sample(gpu.last_logits(1), &penal, seqs[1].tokens, sampler_seed(&penal, seqs[1].id), 20);
+  const auto expect =
+      host.sample(gpu.last_logits(1), &penal, seqs[1].tokens, sampler_seed(&penal, seqs[1].id), 20);
   CHECK(expect.token == b.tokens[1]);
 }
 
@@ -260,9 +270,13 @@ TEST_CASE("bad inputs are refused before the device is touched and the engine st
   std::vector<uint32_t> blocks{0};
   std::vector<uint32_t> outside{8};
   std::vector<int32_t> bad{1, 5000};
-  CHECK_THROWS_AS((void)gpu.prefill(std::vector<prefill_chunk>{{1, bad, 0, blocks, true, nullptr}}), std::invalid_argument);
-  CHECK_THROWS_AS((void)gpu.prefill(std::vector<prefill_chunk>{{1, toks, 0, outside, true, nullptr}}), std::invalid_argument);
-  CHECK_THROWS_AS((void)gpu.decode(std::vector<decode_slot>{{1, {}, blocks, nullptr}}), std::invalid_argument);
+  CHECK_THROWS_AS((void)gpu.prefill(std::vector<prefill_chunk>{{1, bad, 0, blocks, true, nullptr}}),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(
+      (void)gpu.prefill(std::vector<prefill_chunk>{{1, toks, 0, outside, true, nullptr}}),
+      std::invalid_argument);
+  CHECK_THROWS_AS((void)gpu.decode(std::vector<decode_slot>{{1, {}, blocks, nullptr}}),
+                  std::invalid_argument);
   const auto ok = gpu.prefill(std::vector<prefill_chunk>{{1, toks, 0, blocks, true, nullptr}});
   CHECK(ok.tokens.size() == 1);
   CHECK_THROWS_AS(cuda_engine(dir / "missing", gp), std::exception);

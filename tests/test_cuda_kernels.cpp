@@ -24,10 +24,13 @@ using namespace duet::cuda_test;
 
 namespace {
 
-void ok(const kstatus& s) { REQUIRE_MESSAGE(s.ok(), s.message()); }
+void ok(const kstatus& s) {
+  REQUIRE_MESSAGE(s.ok(), s.message());
+}
 
 void expect(const error_stats& e, double bound, const std::string& what) {
-  INFO(what << ": rel " << e.rel << " (bound " << bound << "), non-finite " << e.nan << " of " << e.n);
+  INFO(what << ": rel " << e.rel << " (bound " << bound << "), non-finite " << e.nan << " of "
+            << e.n);
   CHECK(e.nan == 0);
   CHECK(e.rel <= bound);
 }
@@ -66,18 +69,24 @@ TEST_CASE("add_rmsnorm matches Hugging Face's bf16 RMSNorm with and without the 
         const auto delta = random_bf16(n, rng, 1.0f);
         const auto weight = random_bf16(hidden, rng, 0.1f, 1.0f);
         dbuf<uint16_t> dres(res), ddelta(delta), dw(weight), dout(n);
-        ok(add_rmsnorm({dres.get(), add ? ddelta.get() : nullptr, dw.get(), dout.get(), rows, hidden, 1e-5f}, nullptr));
+        ok(add_rmsnorm(
+            {dres.get(), add ? ddelta.get() : nullptr, dw.get(), dout.get(), rows, hidden, 1e-5f},
+            nullptr));
         std::vector<uint16_t> out_ref(n);
-        add_rmsnorm_reference({res.data(), add ? delta.data() : nullptr, weight.data(), out_ref.data(), rows, hidden, 1e-5f});
-        // Bound 4e-3: the same bf16 rounding steps; only the fp32 sum order differs (a few 1-ulp flips).
+        add_rmsnorm_reference({res.data(), add ? delta.data() : nullptr, weight.data(),
+                               out_ref.data(), rows, hidden, 1e-5f});
+        // Bound 4e-3: the same bf16 rounding steps; only the fp32 sum order differs (a few 1-ulp
+        // flips).
         expect(compare_bf16(dout.download(), out_ref), 4e-3, "rmsnorm out");
-        CHECK(dres.download() == res);  // the residual add is exact (one bf16 rounding of an fp32 sum)
+        CHECK(dres.download() ==
+              res);  // the residual add is exact (one bf16 rounding of an fp32 sum)
       }
     }
   }
 }
 
-TEST_CASE("rope_apply rotates q and k with llama3-scaled tables and appends K and V to their pages") {
+TEST_CASE(
+    "rope_apply rotates q and k with llama3-scaled tables and appends K and V to their pages") {
   DUET_REQUIRE_GPU();
   std::mt19937 rng(3);
   struct shape {
@@ -86,11 +95,13 @@ TEST_CASE("rope_apply rotates q and k with llama3-scaled tables and appends K an
   for (const shape sh : {shape{32, 8, 16}, shape{12, 2, 32}, shape{4, 4, 16}}) {
     for (uint32_t rows : {1u, 33u}) {
       const uint32_t d = 128, half = 64, max_pos = 4096, layers = 3;
-      // Tables as the engine builds them: angle = inv_freq * pos in float, cos/sin rounded to float.
+      // Tables as the engine builds them: angle = inv_freq * pos in float, cos/sin rounded to
+      // float.
       std::vector<float> cosv(uint64_t{max_pos} * half), sinv(uint64_t{max_pos} * half);
       for (uint32_t p = 0; p < max_pos; ++p) {
         for (uint32_t i = 0; i < half; ++i) {
-          const float inv = 1.0f / std::pow(500000.0f, static_cast<float>(2 * i) / d) / (i > 40 ? 8.0f : 1.0f);
+          const float inv =
+              1.0f / std::pow(500000.0f, static_cast<float>(2 * i) / d) / (i > 40 ? 8.0f : 1.0f);
           const float a = inv * static_cast<float>(p);
           cosv[uint64_t{p} * half + i] = static_cast<float>(std::cos(static_cast<double>(a)));
           sinv[uint64_t{p} * half + i] = static_cast<float>(std::sin(static_cast<double>(a)));
@@ -107,7 +118,9 @@ TEST_CASE("rope_apply rotates q and k with llama3-scaled tables and appends K an
         pos[r] = static_cast<int32_t>(rng() % max_pos);
         slots[r] = r == 0 && rows > 1 ? -1 : all[r];
       }
-      kv_pool_view kv{nullptr, kv_block_elems(layers, sh.k_heads, d, sh.block_tokens), layers, sh.k_heads, d, sh.block_tokens};
+      kv_pool_view kv{nullptr, kv_block_elems(layers, sh.k_heads, d, sh.block_tokens),
+                      layers,  sh.k_heads,
+                      d,       sh.block_tokens};
       std::vector<uint16_t> pool(kv.block_elems * blocks, 0xffff);  // poisoned
       dbuf<uint16_t> dx(x), dpool(pool);
       dbuf<int32_t> dpos(pos), dslots(slots);
@@ -140,7 +153,8 @@ TEST_CASE("rope_apply rotates q and k with llama3-scaled tables and appends K an
       // Bound 1e-6: the same fp32 products and bf16 roundings, so bit-identical in practice.
       expect(compare_bf16(dx.download(), x), 1e-6, "rope rows");
       const auto gpu_pool = dpool.download();
-      CHECK(std::memcmp(gpu_pool.data(), pool.data(), pool.size() * 2) == 0);  // same slots written, the rest untouched
+      CHECK(std::memcmp(gpu_pool.data(), pool.data(), pool.size() * 2) ==
+            0);  // same slots written, the rest untouched
     }
   }
 }
@@ -161,7 +175,9 @@ TEST_CASE("silu_mul matches bf16(bf16(silu(gate)) * up)") {
   }
 }
 
-TEST_CASE("gemm matches fp32 accumulation on the skinny and cuBLASLt paths, with bias, fp32 output and SwiGLU input") {
+TEST_CASE(
+    "gemm matches fp32 accumulation on the skinny and cuBLASLt paths, with bias, fp32 output and "
+    "SwiGLU input") {
   DUET_REQUIRE_GPU();
   std::mt19937 rng(5);
   gemm_runner runner;
@@ -194,8 +210,17 @@ TEST_CASE("gemm matches fp32 accumulation on the skinny and cuBLASLt paths, with
     dbuf<uint16_t> dx(x), dw(w), db(bias);
     dbuf<uint16_t> dy16(uint64_t{s.m} * s.n);
     dbuf<float> dy32(uint64_t{s.m} * s.n);
-    gemm_params g{dx.get(), ldx, dw.get(), s.bias ? db.get() : nullptr, s.fp32 ? static_cast<void*>(dy32.get()) : dy16.get(),
-                  s.n, s.m, s.n, s.k, s.fp32, s.swiglu};
+    gemm_params g{dx.get(),
+                  ldx,
+                  dw.get(),
+                  s.bias ? db.get() : nullptr,
+                  s.fp32 ? static_cast<void*>(dy32.get()) : dy16.get(),
+                  s.n,
+                  s.m,
+                  s.n,
+                  s.k,
+                  s.fp32,
+                  s.swiglu};
     ok(runner.run(g, nullptr, s.path));
     gemm_params r = g;
     r.x = x.data();
@@ -225,12 +250,15 @@ struct paged_setup {
 };
 
 // A pool of random K/V with each sequence's blocks scattered in random order.
-paged_setup make_pool(std::mt19937& rng, uint32_t kv_heads, uint32_t block_tokens, const std::vector<int>& lens) {
+paged_setup make_pool(std::mt19937& rng, uint32_t kv_heads, uint32_t block_tokens,
+                      const std::vector<int>& lens) {
   paged_setup s;
   const uint32_t layers = 2;
   uint32_t blocks = 0;
   for (int len : lens) blocks += (static_cast<uint32_t>(len) + block_tokens - 1) / block_tokens;
-  s.kv = kv_pool_view{nullptr, kv_block_elems(layers, kv_heads, 128, block_tokens), layers, kv_heads, 128, block_tokens};
+  s.kv = kv_pool_view{nullptr, kv_block_elems(layers, kv_heads, 128, block_tokens),
+                      layers,  kv_heads,
+                      128,     block_tokens};
   s.pool = random_bf16(s.kv.block_elems * blocks, rng, 1.0f);
   std::vector<int32_t> order(blocks);
   std::iota(order.begin(), order.end(), 0);
@@ -238,14 +266,17 @@ paged_setup make_pool(std::mt19937& rng, uint32_t kv_heads, uint32_t block_token
   uint32_t at = 0;
   for (int len : lens) {
     s.table_at.push_back(static_cast<int32_t>(s.table.size()));
-    for (uint32_t b = 0; b < (static_cast<uint32_t>(len) + block_tokens - 1) / block_tokens; ++b) s.table.push_back(order[at++]);
+    for (uint32_t b = 0; b < (static_cast<uint32_t>(len) + block_tokens - 1) / block_tokens; ++b)
+      s.table.push_back(order[at++]);
   }
   return s;
 }
 
 }  // namespace
 
-TEST_CASE("prefill_attention matches causal softmax attention over paged KV, GQA, chunks after earlier chunks") {
+TEST_CASE(
+    "prefill_attention matches causal softmax attention over paged KV, GQA, chunks after earlier "
+    "chunks") {
   DUET_REQUIRE_GPU();
   std::mt19937 rng(6);
   struct shape {
@@ -254,70 +285,74 @@ TEST_CASE("prefill_attention matches causal softmax attention over paged KV, GQA
   struct seq {
     int start, rows;
   };
-  std::vector<std::vector<seq>> batches = {{{0, 1}}, {{0, 77}, {100, 64}, {513, 200}, {3, 5}}, {{0, 300}}};
+  std::vector<std::vector<seq>> batches = {
+      {{0, 1}}, {{0, 77}, {100, 64}, {513, 200}, {3, 5}}, {{0, 300}}};
   std::vector<shape> shapes = {{32, 8, 16}, {12, 2, 32}, {28, 4, 8}};
   if (small_sweep()) {
     batches = {{{0, 70}, {40, 9}}};
     shapes = {{8, 2, 16}};
   }
   for (uint32_t variant : {0u, 1u}) {
-  for (const shape& sh : shapes) {
-    for (const auto& batch : batches) {
-      std::vector<int> lens;
-      std::vector<int32_t> seq_rows{0}, seq_start;
-      uint32_t max_rows = 0;
-      for (const seq& s : batch) {
-        lens.push_back(s.start + s.rows);
-        seq_start.push_back(s.start);
-        seq_rows.push_back(seq_rows.back() + s.rows);
-        max_rows = std::max<uint32_t>(max_rows, static_cast<uint32_t>(s.rows));
+    for (const shape& sh : shapes) {
+      for (const auto& batch : batches) {
+        std::vector<int> lens;
+        std::vector<int32_t> seq_rows{0}, seq_start;
+        uint32_t max_rows = 0;
+        for (const seq& s : batch) {
+          lens.push_back(s.start + s.rows);
+          seq_start.push_back(s.start);
+          seq_rows.push_back(seq_rows.back() + s.rows);
+          max_rows = std::max<uint32_t>(max_rows, static_cast<uint32_t>(s.rows));
+        }
+        paged_setup ps = make_pool(rng, sh.kv_heads, sh.block_tokens, lens);
+        const uint32_t rows = static_cast<uint32_t>(seq_rows.back());
+        const uint32_t q_stride = (sh.heads + 2 * sh.kv_heads) * 128;
+        const auto q = random_bf16(uint64_t{rows} * q_stride, rng, 1.0f);
+        dbuf<uint16_t> dq(q), dpool(ps.pool), dout(uint64_t{rows} * sh.heads * 128);
+        dbuf<int32_t> dtable(ps.table), drows(seq_rows), dstart(seq_start), dat(ps.table_at);
+        prefill_attention_params p;
+        p.q_stride = q_stride;
+        p.out_stride = sh.heads * 128;
+        p.kv = ps.kv;
+        p.layer = 1;
+        p.seqs = static_cast<uint32_t>(batch.size());
+        p.max_seq_rows = max_rows;
+        p.heads = sh.heads;
+        p.kv_heads = sh.kv_heads;
+        p.scale = 1.0f / std::sqrt(128.0f);
+        p.variant = variant;
+        prefill_attention_params g = p;
+        g.q = dq.get();
+        g.out = dout.get();
+        g.kv.pool = dpool.get();
+        g.block_table = dtable.get();
+        g.seq_rows = drows.get();
+        g.seq_start = dstart.get();
+        g.seq_table = dat.get();
+        ok(prefill_attention(g, nullptr));
+        std::vector<uint16_t> ref(uint64_t{rows} * sh.heads * 128);
+        prefill_attention_params r = p;
+        r.q = q.data();
+        r.out = ref.data();
+        r.kv.pool = ps.pool.data();
+        r.block_table = ps.table.data();
+        r.seq_rows = seq_rows.data();
+        r.seq_start = seq_start.data();
+        r.seq_table = ps.table_at.data();
+        prefill_attention_reference(r);
+        INFO("variant " << variant << " heads " << sh.heads << "/" << sh.kv_heads
+                        << " block_tokens " << sh.block_tokens << " rows " << rows);
+        // Bound 1e-2: probabilities rounded to bf16 before P.V, fp32 accumulation (flash-attention
+        // numerics).
+        expect(compare_bf16(dout.download(), ref), 1e-2, "prefill attention");
       }
-      paged_setup ps = make_pool(rng, sh.kv_heads, sh.block_tokens, lens);
-      const uint32_t rows = static_cast<uint32_t>(seq_rows.back());
-      const uint32_t q_stride = (sh.heads + 2 * sh.kv_heads) * 128;
-      const auto q = random_bf16(uint64_t{rows} * q_stride, rng, 1.0f);
-      dbuf<uint16_t> dq(q), dpool(ps.pool), dout(uint64_t{rows} * sh.heads * 128);
-      dbuf<int32_t> dtable(ps.table), drows(seq_rows), dstart(seq_start), dat(ps.table_at);
-      prefill_attention_params p;
-      p.q_stride = q_stride;
-      p.out_stride = sh.heads * 128;
-      p.kv = ps.kv;
-      p.layer = 1;
-      p.seqs = static_cast<uint32_t>(batch.size());
-      p.max_seq_rows = max_rows;
-      p.heads = sh.heads;
-      p.kv_heads = sh.kv_heads;
-      p.scale = 1.0f / std::sqrt(128.0f);
-      p.variant = variant;
-      prefill_attention_params g = p;
-      g.q = dq.get();
-      g.out = dout.get();
-      g.kv.pool = dpool.get();
-      g.block_table = dtable.get();
-      g.seq_rows = drows.get();
-      g.seq_start = dstart.get();
-      g.seq_table = dat.get();
-      ok(prefill_attention(g, nullptr));
-      std::vector<uint16_t> ref(uint64_t{rows} * sh.heads * 128);
-      prefill_attention_params r = p;
-      r.q = q.data();
-      r.out = ref.data();
-      r.kv.pool = ps.pool.data();
-      r.block_table = ps.table.data();
-      r.seq_rows = seq_rows.data();
-      r.seq_start = seq_start.data();
-      r.seq_table = ps.table_at.data();
-      prefill_attention_reference(r);
-      INFO("variant " << variant << " heads " << sh.heads << "/" << sh.kv_heads << " block_tokens " << sh.block_tokens
-                       << " rows " << rows);
-      // Bound 1e-2: probabilities rounded to bf16 before P.V, fp32 accumulation (flash-attention numerics).
-      expect(compare_bf16(dout.download(), ref), 1e-2, "prefill attention");
     }
-  }
   }
 }
 
-TEST_CASE("decode_attention matches softmax attention over paged KV with and without split-K, and is deterministic") {
+TEST_CASE(
+    "decode_attention matches softmax attention over paged KV with and without split-K, and is "
+    "deterministic") {
   DUET_REQUIRE_GPU();
   std::mt19937 rng(7);
   struct shape {
@@ -332,60 +367,63 @@ TEST_CASE("decode_attention matches softmax attention over paged KV with and wit
     splits = {1, 4};
   }
   for (uint32_t variant : {0u, 1u}) {
-  for (const shape& sh : shapes) {
-    for (uint32_t max_splits : splits) {
-      paged_setup ps = make_pool(rng, sh.kv_heads, sh.block_tokens, lens);
-      const uint32_t batch = static_cast<uint32_t>(lens.size());
-      const uint32_t q_stride = (sh.heads + 2 * sh.kv_heads) * 128;
-      const auto q = random_bf16(uint64_t{batch} * q_stride, rng, 1.0f);
-      dbuf<uint16_t> dq(q), dpool(ps.pool), dout(uint64_t{batch} * sh.heads * 128);
-      dbuf<int32_t> dtable(ps.table), dat(ps.table_at), dlens(std::vector<int32_t>(lens.begin(), lens.end()));
-      dbuf<char> ws(decode_attention_workspace_bytes(batch, sh.heads, sh.kv_heads, max_splits));
-      check(cudaMemset(ws.get(), 0, ws.size()), "memset");
-      decode_attention_params p;
-      p.q_stride = q_stride;
-      p.out_stride = sh.heads * 128;
-      p.kv = ps.kv;
-      p.layer = 1;
-      p.batch = batch;
-      p.heads = sh.heads;
-      p.kv_heads = sh.kv_heads;
-      p.scale = 1.0f / std::sqrt(128.0f);
-      p.max_splits = max_splits;
-      p.split_min_keys = 64;
-      p.variant = variant;
-      decode_attention_params g = p;
-      g.q = dq.get();
-      g.out = dout.get();
-      g.kv.pool = dpool.get();
-      g.block_table = dtable.get();
-      g.seq_table = dat.get();
-      g.seq_lens = dlens.get();
-      g.workspace = ws.get();
-      ok(decode_attention(g, nullptr));
-      const auto first = dout.download();
-      dout.poison();
-      ok(decode_attention(g, nullptr));  // the split counters must be back at zero
-      CHECK(dout.download() == first);
-      std::vector<uint16_t> ref(uint64_t{batch} * sh.heads * 128);
-      std::vector<int32_t> lens32(lens.begin(), lens.end());
-      decode_attention_params r = p;
-      r.q = q.data();
-      r.out = ref.data();
-      r.kv.pool = ps.pool.data();
-      r.block_table = ps.table.data();
-      r.seq_table = ps.table_at.data();
-      r.seq_lens = lens32.data();
-      decode_attention_reference(r);
-      INFO("variant " << variant << " heads " << sh.heads << "/" << sh.kv_heads << " block_tokens " << sh.block_tokens
-                       << " max_splits " << max_splits);
-      expect(compare_bf16(first, ref), 1e-2, "decode attention");  // bound as for prefill
+    for (const shape& sh : shapes) {
+      for (uint32_t max_splits : splits) {
+        paged_setup ps = make_pool(rng, sh.kv_heads, sh.block_tokens, lens);
+        const uint32_t batch = static_cast<uint32_t>(lens.size());
+        const uint32_t q_stride = (sh.heads + 2 * sh.kv_heads) * 128;
+        const auto q = random_bf16(uint64_t{batch} * q_stride, rng, 1.0f);
+        dbuf<uint16_t> dq(q), dpool(ps.pool), dout(uint64_t{batch} * sh.heads * 128);
+        dbuf<int32_t> dtable(ps.table), dat(ps.table_at),
+            dlens(std::vector<int32_t>(lens.begin(), lens.end()));
+        dbuf<char> ws(decode_attention_workspace_bytes(batch, sh.heads, sh.kv_heads, max_splits));
+        check(cudaMemset(ws.get(), 0, ws.size()), "memset");
+        decode_attention_params p;
+        p.q_stride = q_stride;
+        p.out_stride = sh.heads * 128;
+        p.kv = ps.kv;
+        p.layer = 1;
+        p.batch = batch;
+        p.heads = sh.heads;
+        p.kv_heads = sh.kv_heads;
+        p.scale = 1.0f / std::sqrt(128.0f);
+        p.max_splits = max_splits;
+        p.split_min_keys = 64;
+        p.variant = variant;
+        decode_attention_params g = p;
+        g.q = dq.get();
+        g.out = dout.get();
+        g.kv.pool = dpool.get();
+        g.block_table = dtable.get();
+        g.seq_table = dat.get();
+        g.seq_lens = dlens.get();
+        g.workspace = ws.get();
+        ok(decode_attention(g, nullptr));
+        const auto first = dout.download();
+        dout.poison();
+        ok(decode_attention(g, nullptr));  // the split counters must be back at zero
+        CHECK(dout.download() == first);
+        std::vector<uint16_t> ref(uint64_t{batch} * sh.heads * 128);
+        std::vector<int32_t> lens32(lens.begin(), lens.end());
+        decode_attention_params r = p;
+        r.q = q.data();
+        r.out = ref.data();
+        r.kv.pool = ps.pool.data();
+        r.block_table = ps.table.data();
+        r.seq_table = ps.table_at.data();
+        r.seq_lens = lens32.data();
+        decode_attention_reference(r);
+        INFO("variant " << variant << " heads " << sh.heads << "/" << sh.kv_heads
+                        << " block_tokens " << sh.block_tokens << " max_splits " << max_splits);
+        expect(compare_bf16(first, ref), 1e-2, "decode attention");  // bound as for prefill
+      }
     }
-  }
   }
 }
 
-TEST_CASE("sample_tokens: greedy, temperature with top-k/top-p/min-p, logprobs and top-N match the reference") {
+TEST_CASE(
+    "sample_tokens: greedy, temperature with top-k/top-p/min-p, logprobs and top-N match the "
+    "reference") {
   DUET_REQUIRE_GPU();
   std::mt19937 rng(8);
   std::vector<uint32_t> vocabs = {1000, 128256};
@@ -453,14 +491,15 @@ TEST_CASE("sample_tokens: greedy, temperature with top-k/top-p/min-p, logprobs a
     const auto gtoplp = dtoplp.download();
     CHECK(gtok[1] == 5);
     for (uint32_t i = 0; i < n; ++i) {
-      INFO("vocab " << vocab << " row " << i << " t " << rows[i].temperature << " k " << rows[i].top_k << " p "
-                    << rows[i].top_p << " min_p " << rows[i].min_p);
+      INFO("vocab " << vocab << " row " << i << " t " << rows[i].temperature << " k "
+                    << rows[i].top_k << " p " << rows[i].top_p << " min_p " << rows[i].min_p);
       CHECK(gtok[i] == tok[i]);  // exact: same thresholds, same id-order draw
       CHECK(std::abs(glp[i] - lp[i]) <= 1e-3f);
       for (uint32_t j = 0; j < max_top; ++j) {
         CHECK(gtop[uint64_t{i} * max_top + j] == top[uint64_t{i} * max_top + j]);
         if (top[uint64_t{i} * max_top + j] >= 0) {
-          CHECK(std::abs(gtoplp[uint64_t{i} * max_top + j] - toplp[uint64_t{i} * max_top + j]) <= 1e-3f);
+          CHECK(std::abs(gtoplp[uint64_t{i} * max_top + j] - toplp[uint64_t{i} * max_top + j]) <=
+                1e-3f);
         }
       }
     }
