@@ -2,6 +2,8 @@
 // files), deployment and trace specs, the planner (`duet plan`), and its fidelity against a
 // live cluster running the sim engine.
 #include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -153,6 +155,36 @@ class timer_noise {
   std::vector<double> late_;
   std::thread thread_;
 };
+
+double env_number(const char* name, double fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atof(v) : fallback;
+}
+
+/// Runs `duet` with `args` and returns its exit code; -1 when it did not exit normally
+/// within `timeout` (then it is killed).
+int run_duet(std::vector<std::string> args, std::chrono::seconds timeout) {
+  args.insert(args.begin(), testing::duet_binary());
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  const auto until = steady::now() + timeout;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (steady::now() > until) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
 
 double relative_error(double measured, double reference) {
   return reference == 0 ? std::abs(measured) : std::abs(measured - reference) / std::abs(reference);
@@ -554,16 +586,10 @@ TEST_CASE(
     "deployment") {
   const auto dir = scratch_dir("cli");
   const std::string trace = "synthetic:poisson:rate=4,count=60,in=500,out=40,seed=1";
-  {
-    testing::child_process p({testing::duet_binary(), "sim", "--trace", trace, "--out",
-                              (dir / "sim").string(), "--deployment", "colocated", "--deployment",
-                              "1P1D", "--gpu", "h20", "--slo", "ttft=1s,tpot=50ms"});
-    int status = -1;
-    for (int i = 0; i < 600 && p.running(); ++i) std::this_thread::sleep_for(100ms);
-    status = p.stop();
-    REQUIRE(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
-  }
+  CHECK(
+      run_duet({"sim", "--trace", trace, "--out", (dir / "sim").string(), "--deployment",
+                "colocated", "--deployment", "1P1D", "--gpu", "h20", "--slo", "ttft=1s,tpot=50ms"},
+               120s) == 0);
   for (const char* f : {"summary.json", "requests.csv", "report.html"})
     CHECK(fs::exists(dir / "sim" / f));
   const auto summary = nlohmann::json::parse(read_all(dir / "sim" / "summary.json"));
@@ -571,26 +597,18 @@ TEST_CASE(
   CHECK(summary["simulation"]["runs"].size() == 2);
   CHECK(summary["simulation"]["runs"][0]["events"].get<uint64_t>() > 0);
   CHECK(summary["runs"][0]["summary"]["completed"].get<size_t>() == 60);
-  {
-    testing::child_process p({testing::duet_binary(), "plan", "--trace", trace, "--gpu", "h20",
-                              "--gpus", "2", "--slo", "ttft=1s,tpot=50ms", "--sm-shares", "0.5",
-                              "--out", (dir / "plan").string(), "--jobs", "2"});
-    for (int i = 0; i < 1200 && p.running(); ++i) std::this_thread::sleep_for(100ms);
-    const int status = p.stop();
-    REQUIRE(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
-  }
+  CHECK(run_duet(
+            {"plan", "--trace", trace, "--gpu", "h20", "--gpus", "2", "--slo", "ttft=1s,tpot=50ms",
+             "--sm-shares", "0.5", "--out", (dir / "plan").string(), "--jobs", "2"},
+            240s) == 0);
   const auto plan = nlohmann::json::parse(read_all(dir / "plan" / "summary.json"));
   CHECK(plan["simulation"]["plan"].size() == 3);  // colocated, split 50/50, 1P1D
   CHECK(fs::exists(dir / "plan" / "report.html"));
-  {
-    testing::child_process p({testing::duet_binary(), "sim", "--trace", trace, "--out",
-                              (dir / "bad").string(), "--deployment", "4Q2D"});
-    for (int i = 0; i < 100 && p.running(); ++i) std::this_thread::sleep_for(100ms);
-    const int status = p.stop();
-    REQUIRE(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 2);
-  }
+  // Bad input is exit code 2 with a message, as for config errors.
+  const auto bad = (dir / "bad").string();
+  CHECK(run_duet({"sim", "--trace", trace, "--out", bad, "--deployment", "4Q2D"}, 30s) == 2);
+  CHECK(run_duet({"sim", "--trace", "synthetic:poisson:rat=1", "--out", bad}, 30s) == 2);
+  CHECK(run_duet({"plan", "--trace", trace, "--slo", "ttft=soon"}, 30s) == 2);
   fs::remove_all(dir);
 }
 
@@ -601,20 +619,25 @@ TEST_CASE(
     "ITL") {
   // One node in this process: router, broker, a prefill worker on device 0 and a decode
   // worker on device 1 (so the simulator models two GPUs, as the live actors behave).
-  // Time scale: the live cluster waits `scale` times the modelled step, so its own
-  // per-message costs (sockets, mailboxes, timers) shrink relative to the steps.
-  const double scale = 3.0;
-  const std::string gpu = "h20";
+  // Time scale: the live cluster waits `scale` times the modelled step, so its own costs
+  // (sockets, mailboxes, timers, a busy host's late wake-ups) shrink relative to the steps.
+  // The L40S model has the longest decode steps (~23 ms), hence the most step time per
+  // second of test; outputs are capped so the slice drains quickly. DUET_FIDELITY_SCALE,
+  // DUET_FIDELITY_SECONDS and DUET_FIDELITY_GPU run other checks by hand.
+  const double scale = env_number("DUET_FIDELITY_SCALE", 6.0);
+  const double seconds = env_number("DUET_FIDELITY_SECONDS", 3.0);
+  const std::string gpu =
+      std::getenv("DUET_FIDELITY_GPU") ? std::getenv("DUET_FIDELITY_GPU") : "l40s";
   std::vector<trace_request> trace;
   const auto azure = shared_traces / "AzureLLMInferenceTrace_conv_2023.csv";
   if (fs::exists(azure)) {
-    trace = time_window(load_azure_csv(azure), 600, 5);  // 5 s of the conversation trace
+    trace = time_window(load_azure_csv(azure), 600, seconds);  // from minute 10 of the trace
   } else {
-    trace = load_trace_spec(
-        "synthetic:gamma:rate=4,cv=2,duration=5,in=1000,in_cv=1,out=200,out_cv=1,in_max=4000,"
-        "out_max=800,seed=3");
+    trace = load_trace_spec("synthetic:gamma:rate=4,cv=2,duration=" + std::to_string(seconds) +
+                            ",in=1000,in_cv=1,out=200,out_cv=1,in_max=4000,out_max=800,seed=3");
   }
   trace = clip_to_context(std::move(trace), 4096);
+  for (auto& r : trace) r.output_tokens = std::min<uint32_t>(r.output_tokens, 160);
   REQUIRE(trace.size() >= 10);
   const std::string endpoint = "inproc://duet-fidelity-" + std::to_string(getpid());
   auto config = parse_config(R"([model]
@@ -687,16 +710,17 @@ max_batch = 128
   CHECK(relative_error(l.ttft_s.p50, s.ttft_s.p50) <= 0.05);
   CHECK(relative_error(l.ttft_s.p99, s.ttft_s.p99) <= 0.05);
   CHECK(relative_error(l.itl_s.p50, s.itl_s.p50) <= 0.05);
-  // A decode step's wake-up is late by what the host's scheduler adds; when other work
-  // keeps the cores busy that lateness alone exceeds the tolerance at the P99 of the gaps,
-  // and the comparison would measure the host, not the simulator.
-  if (host_noise_p99_s <= 0.025 * s.itl_s.p99) {
+  // Each token reaches the client after three wake-ups (the step's timer, the transport
+  // thread, the client); when other work keeps the cores busy, their lateness alone exceeds
+  // the tolerance at the P99 of the gaps, and the comparison would measure the host, not
+  // the simulator.
+  if (3 * host_noise_p99_s <= 0.025 * s.itl_s.p99) {
     CHECK(relative_error(l.itl_s.p99, s.itl_s.p99) <= 0.05);
   } else {
-    MESSAGE("P99 ITL not compared: this host's timer wake-ups were late by "
+    MESSAGE("P99 ITL not compared: this host woke sleeping threads up to "
             << host_noise_p99_s * scale * 1e3
-            << " ms at P99 during the run (load from other processes), more than half the 5% "
-               "tolerance");
+            << " ms late at P99 during the run (load from other processes): three such "
+               "wake-ups per token exceed half the 5% tolerance");
   }
 }
 
