@@ -15,7 +15,9 @@
 #include <ctime>
 #include <functional>
 #include <limits>
+#include <map>
 #include <optional>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -1462,6 +1464,10 @@ struct stmt {
   body else_body;                                        // if, for
   std::vector<std::pair<std::string, expr_ptr>> params;  // macro parameters and defaults
   std::vector<expr_ptr> filters;  // set_block / filter_block: filter nodes with a null input
+  // Names that start out undefined in the frame this statement opens (inner), and in a for
+  // loop's else frame; see scope_analyzer.
+  std::vector<std::string> fresh;
+  std::vector<std::string> else_fresh;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -2145,6 +2151,187 @@ class parser {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Scoping: Jinja2 decides at compile time how each frame (the template, a loop body, a macro, a
+// block set or filter block) starts out (jinja2/idtracking.py). A name the frame assigns, but
+// neither reads before the assignment nor finds in an enclosing frame, starts out undefined,
+// hiding a context variable of that name from loops and macros that run before the
+// assignment. This pass marks those names; every other lookup is dynamic, which gives the same
+// results as Jinja's resolve-and-alias.
+// ---------------------------------------------------------------------------------------------
+
+class frame_symbols {
+ public:
+  enum class load_kind : uint8_t { parameter, resolve, alias, undefined };
+
+  explicit frame_symbols(const frame_symbols* parent) : parent_(parent) {}
+
+  bool find_ref(const std::string& name) const {
+    for (const frame_symbols* s = this; s; s = s->parent_)
+      if (s->refs_.count(name)) return true;
+    return false;
+  }
+
+  void load(const std::string& name) {
+    if (!find_ref(name)) define(name, load_kind::resolve);
+  }
+
+  void store(const std::string& name) {
+    stores_.insert(name);
+    if (refs_.count(name)) return;
+    define(name, parent_ && parent_->find_ref(name) ? load_kind::alias : load_kind::undefined);
+  }
+
+  void declare_parameter(const std::string& name) {
+    stores_.insert(name);
+    define(name, load_kind::parameter);
+  }
+
+  // After the branches of an if: a name first assigned inside them starts out as what it
+  // was outside (the branch may not run).
+  void branch_update(const std::vector<const frame_symbols*>& branches) {
+    std::set<std::string> fresh_stores;
+    for (const frame_symbols* b : branches)
+      for (const auto& name : b->stores_)
+        if (!stores_.count(name)) fresh_stores.insert(name);
+    for (const frame_symbols* b : branches) {
+      refs_.insert(b->refs_.begin(), b->refs_.end());
+      for (const auto& [k, v] : b->loads_) loads_[k] = v;
+      stores_.insert(b->stores_.begin(), b->stores_.end());
+    }
+    for (const auto& name : fresh_stores)
+      loads_[name] = parent_ && parent_->find_ref(name) ? load_kind::alias : load_kind::resolve;
+  }
+
+  std::vector<std::string> undefined_names() const {
+    std::vector<std::string> out;
+    for (const auto& [name, kind] : loads_)
+      if (kind == load_kind::undefined) out.push_back(name);
+    return out;
+  }
+
+ private:
+  const frame_symbols* parent_;
+  std::set<std::string> refs_;
+  std::map<std::string, load_kind> loads_;
+  std::set<std::string> stores_;
+
+  void define(const std::string& name, load_kind kind) {
+    refs_.insert(name);
+    loads_[name] = kind;
+  }
+};
+
+class scope_analyzer {
+ public:
+  // Analyses the template's top frame and, recursively, every frame inside it.
+  std::vector<std::string> analyze_root(body& root) {
+    frame_symbols sym(nullptr);
+    std::vector<stmt*> children;
+    visit_body(root, sym, children);
+    analyze_children(children, sym);
+    return sym.undefined_names();
+  }
+
+ private:
+  void visit_expr(const expr* e, frame_symbols& sym) {
+    if (!e) return;
+    if (e->kind == ek::name) sym.load(e->name);
+    for (const auto& k : e->keys) visit_expr(k.get(), sym);
+    for (const auto& a : e->args) visit_expr(a.get(), sym);
+    for (const auto& [k, v] : e->kwargs) visit_expr(v.get(), sym);
+  }
+
+  // The statements of one frame, in order; frames nested in it are collected for later, as
+  // Jinja analyses a whole frame before the frames inside it.
+  void visit_body(body& b, frame_symbols& sym, std::vector<stmt*>& children) {
+    for (auto& s : b) visit_stmt(*s, sym, children);
+  }
+
+  void visit_stmt(stmt& s, frame_symbols& sym, std::vector<stmt*>& children) {
+    switch (s.kind) {
+      case sk::text:
+      case sk::break_:
+      case sk::continue_:
+        return;
+      case sk::output:
+        visit_expr(s.e.get(), sym);
+        return;
+      case sk::if_: {
+        // Jinja's If: the first test, then three branches (body, all elifs, else).
+        visit_expr(s.branches[0].first.get(), sym);
+        frame_symbols body_sym = sym;
+        visit_body(s.branches[0].second, body_sym, children);
+        frame_symbols elif_sym = sym;
+        for (std::size_t i = 1; i < s.branches.size(); ++i) {
+          visit_expr(s.branches[i].first.get(), elif_sym);
+          frame_symbols inner = elif_sym;
+          visit_body(s.branches[i].second, inner, children);
+          const frame_symbols none_sym = elif_sym;
+          elif_sym.branch_update({&inner, &none_sym, &none_sym});
+        }
+        frame_symbols else_sym = sym;
+        visit_body(s.else_body, else_sym, children);
+        sym.branch_update({&body_sym, &elif_sym, &else_sym});
+        return;
+      }
+      case sk::for_:
+        visit_expr(s.e.get(), sym);
+        children.push_back(&s);
+        return;
+      case sk::set:
+        visit_expr(s.e.get(), sym);
+        for (const auto& t : s.targets) sym.store(t);
+        return;
+      case sk::set_attr:
+        visit_expr(s.e.get(), sym);
+        sym.load(s.text);
+        return;
+      case sk::set_block:
+        sym.store(s.targets[0]);
+        children.push_back(&s);
+        return;
+      case sk::macro:
+        sym.store(s.text);
+        children.push_back(&s);
+        return;
+      case sk::filter_block:
+        for (const auto& f : s.filters) visit_expr(f.get(), sym);
+        children.push_back(&s);
+        return;
+      case sk::generation:
+        children.push_back(&s);
+        return;
+    }
+  }
+
+  void analyze_children(const std::vector<stmt*>& children, const frame_symbols& parent) {
+    for (stmt* s : children) {
+      frame_symbols sym(&parent);
+      std::vector<stmt*> grandchildren;
+      if (s->kind == sk::for_) {
+        for (const auto& t : s->targets) sym.declare_parameter(t);
+        sym.declare_parameter("loop");
+        visit_body(s->inner, sym, grandchildren);
+        frame_symbols else_sym(&parent);
+        std::vector<stmt*> else_children;
+        visit_body(s->else_body, else_sym, else_children);
+        s->else_fresh = else_sym.undefined_names();
+        analyze_children(else_children, else_sym);
+      } else if (s->kind == sk::macro) {
+        for (const auto& [name, def] : s->params) sym.declare_parameter(name);
+        for (const auto& [name, def] : s->params) visit_expr(def.get(), sym);
+        visit_body(s->inner, sym, grandchildren);
+      } else {
+        for (const auto& f : s->filters) visit_expr(f.get(), sym);
+        visit_body(s->inner, sym, grandchildren);
+      }
+      s->fresh = sym.undefined_names();
+      analyze_children(grandchildren, sym);
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
 // Evaluator
 // ---------------------------------------------------------------------------------------------
 
@@ -2405,17 +2592,25 @@ class renderer {
   renderer(const json& context, std::shared_ptr<const json> owner)
       : ctx_(context), ctx_owner_(std::move(owner)) {}
 
-  std::string run(const body& root) {
+  std::string run(const body& root, const std::vector<std::string>& fresh) {
     if (!ctx_.is_object()) fail(0, "the context must be a JSON object");
+    declare_fresh(root_, fresh);
     std::string out;
     exec(root, root_, out);
     return out;
   }
 
  private:
+  // Scopes live on the C++ stack, each inside its parent's lifetime. A macro refers to the
+  // scope it was defined in (as a Python closure does); `alive` tells it whether that scope
+  // still exists when the macro is called.
   struct scope {
     std::vector<std::pair<std::string, value>> vars;
     scope* parent = nullptr;
+    std::shared_ptr<int> alive;
+
+    scope() = default;
+    explicit scope(scope* enclosing) : parent(enclosing) {}
 
     value* find(std::string_view name) {
       for (auto& [k, v] : vars)
@@ -2535,6 +2730,10 @@ class renderer {
 
   // ---- statements ----
 
+  static void declare_fresh(scope& sc, const std::vector<std::string>& names) {
+    for (const auto& n : names) sc.set(n, value::undefined("'" + n + "' is undefined"));
+  }
+
   flow exec(const body& b, scope& sc, std::string& out) {
     scope_guard guard(*this, &sc);
     for (const auto& s : b) {
@@ -2577,7 +2776,8 @@ class renderer {
       }
       case sk::set_block: {
         std::string buf;
-        scope inner{{}, &sc};
+        scope inner(&sc);
+        declare_fresh(inner, s.fresh);
         exec(s.inner, inner, buf);
         value v = str_value(std::move(buf));
         for (const auto& f : s.filters) v = apply_filter(*f, std::move(v));
@@ -2586,12 +2786,22 @@ class renderer {
       }
       case sk::macro: {
         const stmt* m = &s;
-        sc.set(s.text, value::of_fn(s.text, [this, m](call_args& a) { return call_macro(*m, a); }));
+        if (!sc.alive) sc.alive = std::make_shared<int>(0);
+        scope* defined_in = &sc;
+        std::weak_ptr<int> token = sc.alive;
+        sc.set(s.text, value::of_fn(s.text, [this, m, defined_in, token](call_args& a) {
+                 if (token.expired())
+                   fail(a.line,
+                        "macro '" + m->text + "' called after the block that defined it ended");
+                 return call_macro(*m, a, *defined_in);
+               }));
         return flow::normal;
       }
       case sk::filter_block: {
         std::string buf;
-        exec(s.inner, sc, buf);
+        scope inner(&sc);
+        declare_fresh(inner, s.fresh);
+        exec(s.inner, inner, buf);
         value v = str_value(std::move(buf));
         for (const auto& f : s.filters) v = apply_filter(*f, std::move(v));
         out += to_str(v);
@@ -2601,8 +2811,11 @@ class renderer {
         return flow::break_;
       case sk::continue_:
         return flow::continue_;
-      case sk::generation:
-        return exec(s.inner, sc, out);
+      case sk::generation: {
+        scope inner(&sc);
+        declare_fresh(inner, s.fresh);
+        return exec(s.inner, inner, out);
+      }
     }
     return flow::normal;
   }
@@ -2627,17 +2840,22 @@ class renderer {
     if (s.cond) {
       std::vector<value> kept;
       for (auto& item : *items) {
-        scope probe{{}, &sc};
+        scope probe(&sc);
         assign(probe, s.targets, item, s.line);
         scope_guard guard(*this, &probe);
         if (truthy(eval(*s.cond))) kept.push_back(std::move(item));
       }
       *items = std::move(kept);
     }
-    if (items->empty()) return exec(s.else_body, sc, out);
+    if (items->empty()) {
+      scope else_scope(&sc);
+      declare_fresh(else_scope, s.else_fresh);
+      return exec(s.else_body, else_scope, out);
+    }
     const auto n = static_cast<int64_t>(items->size());
     for (int64_t i = 0; i < n; ++i) {
-      scope iteration{{}, &sc};
+      scope iteration(&sc);
+      declare_fresh(iteration, s.fresh);
       assign(iteration, s.targets, (*items)[static_cast<std::size_t>(i)], s.line);
       auto loop = std::make_shared<object_ns>();
       loop->is_loop = true;
@@ -2650,7 +2868,7 @@ class renderer {
     return flow::normal;
   }
 
-  value call_macro(const stmt& m, call_args& a) {
+  value call_macro(const stmt& m, call_args& a, scope& defined_in) {
     if (a.pos.size() > m.params.size())
       fail(a.line, "macro '" + m.text + "' takes not more than " + std::to_string(m.params.size()) +
                        " argument(s)");
@@ -2668,8 +2886,9 @@ class renderer {
       explicit depth_guard(int& depth) : d(++depth) {}
       ~depth_guard() { --d; }
     } guard_depth(depth_);
-    scope frame{{}, &root_};  // a macro sees the template's top-level names, not the caller's
+    scope frame(&defined_in);  // the names where it was defined, not the caller's
     scope_guard guard(*this, &frame);
+    declare_fresh(frame, m.fresh);
     for (std::size_t i = 0; i < m.params.size(); ++i) {
       const auto& [pname, def] = m.params[i];
       const value* given = i < a.pos.size() ? &a.pos[i] : nullptr;
@@ -2815,7 +3034,9 @@ class renderer {
         out.push_back((*obj.j)[i]);
       return value::of(std::move(out));
     }
-    return value::undefined("'" + type_name(obj) + "' object is not subscriptable");
+    // Jinja compiles a slice to a plain Python subscript: anything else is a TypeError.
+    if (obj.is_object()) fail(e.line, "unhashable type: 'slice'");
+    fail(e.line, "'" + type_name(obj) + "' object is not subscriptable");
   }
 
   // obj.name: a method of the value's Python type wins over a dict key, as getattr does.
@@ -3066,7 +3287,11 @@ class renderer {
         if (value_eq(container.child(&x), item)) return true;
       return false;
     }
-    if (c.is_object()) return item.is_string() && c.find(item.str()) != c.end();
+    if (c.is_object()) {
+      if (item.is_array() || item.is_object() || item.kind == vkind::ns)
+        fail(line, "unhashable type: '" + type_name(item) + "'");
+      return item.is_string() && c.find(item.str()) != c.end();
+    }
     fail(line, "argument of type '" + type_name(container) + "' is not iterable");
   }
 
@@ -3445,20 +3670,15 @@ class renderer {
       return value_eq(v, o) && v.kind != vkind::json;
     }
     if (name == "odd" || name == "even" || name == "divisibleby") {
-      if (v.is_undefined()) fail_undefined(line, v);
-      if (!v.is_int()) fail(line, "test '" + name + "' needs an integer, got " + type_name(v));
-      const int64_t x = as_int(v);
-      if (name == "odd") return x % 2 != 0;
-      if (name == "even") return x % 2 == 0;
-      const value& d = arg();
-      if (!d.is_int() || as_int(d) == 0) fail(line, "divisibleby needs a non-zero integer");
-      return x % as_int(d) == 0;
+      // value % 2 == 1, value % 2 == 0, value % num == 0, with Python's %.
+      const value divisor = name == "divisibleby" ? arg() : int_value(2);
+      const value rest = binary("%", v, divisor, line);
+      return value_eq(rest, int_value(name == "odd" ? 1 : 0));
     }
-    if (name == "lower" || name == "upper") {
-      if (!v.is_string()) return false;
+    if (name == "lower" || name == "upper") {  // str(value).islower() / .isupper()
       call_args none;
       none.line = line;
-      return truthy(call_str_method(v.str(), name == "lower" ? "islower" : "isupper", none));
+      return truthy(call_str_method(to_str(v), name == "lower" ? "islower" : "isupper", none));
     }
     if (name == "eq" || name == "equalto" || name == "==") return value_eq(v, arg());
     if (name == "ne" || name == "!=") return !value_eq(v, arg());
@@ -3581,20 +3801,21 @@ class renderer {
       std::reverse(items.begin(), items.end());
       return value::of(to_array(items, line));
     }
+    if ((name == "int" || name == "float") && v.is_undefined()) fail_undefined(line, v);
     if (name == "int") {
       const value* dflt = a.get(0, "default");
       const int64_t base = int_arg(a.get(1, "base"), 10, line, "base");
       const value fallback = dflt ? *dflt : int_value(0);
-      if (v.is_int()) return int_value(as_int(v));
-      if (v.is_number()) {
-        const double d = as_float(v);
+      auto from_float = [&](double d) {
         if (!std::isfinite(d)) return fallback;
+        if (std::fabs(d) >= 9223372036854775808.0) fail(line, "integer overflow (64-bit)");
         return int_value(static_cast<int64_t>(std::trunc(d)));
-      }
+      };
+      if (v.is_int()) return int_value(as_int(v));
+      if (v.is_number()) return from_float(as_float(v));
       if (v.is_string()) {
         if (auto i = parse_py_int(v.str(), static_cast<int>(base))) return int_value(*i);
-        if (auto d = parse_py_float(v.str()); d && std::isfinite(*d))
-          return int_value(static_cast<int64_t>(std::trunc(*d)));
+        if (auto d = parse_py_float(v.str())) return from_float(*d);
       }
       return fallback;
     }
@@ -3619,6 +3840,10 @@ class renderer {
       const double scale = std::pow(10.0, static_cast<double>(precision));
       const double x = as_float(v) * scale;
       double r = 0;
+      if (method == "common" && v.is_int()) {  // round(int, n) stays an int
+        if (precision >= 0) return int_value(as_int(v));
+        return int_value(static_cast<int64_t>(std::nearbyint(x) / scale));
+      }
       if (method == "common") {
         r = std::nearbyint(x);  // round-half-even, as Python's round()
       } else if (method == "ceil") {
@@ -3631,6 +3856,8 @@ class renderer {
       return float_value(r / scale);
     }
     if (name == "indent") {
+      if (v.is_undefined()) fail_undefined(line, v);
+      if (!v.is_string()) fail(line, "indent needs a string, not " + type_name(v));
       const value* width_v = a.get(0, "width");
       std::string indention = "    ";
       if (width_v)
@@ -3680,6 +3907,7 @@ class renderer {
       test_args.pos.assign(a.pos.begin() + static_cast<std::ptrdiff_t>(next), a.pos.end());
       test_args.kw = a.kw;
       std::vector<value> kept;
+      if (!truthy(v)) return value::of(json::array());  // Jinja: `if value:` first
       for (const value& item : iterate(v, line)) {
         const value probe = by_attr ? get_path(item, attribute, line) : item;
         const bool hit = test.empty() ? truthy(probe) : run_test(test, probe, test_args);
@@ -3689,6 +3917,7 @@ class renderer {
     }
     if (name == "map") {
       std::vector<value> out;
+      if (!truthy(v)) return value::of(json::array());  // Jinja: `if value:` first
       const value* attribute = nullptr;
       for (const auto& [k, x] : a.kw)
         if (k == "attribute") attribute = &x;
@@ -3799,18 +4028,20 @@ class renderer {
 
 struct chat_template::program {
   body root;
+  std::vector<std::string> fresh;  // names that start out undefined in the top frame
 };
 
 chat_template::chat_template(std::string source) : source_(std::move(source)) {
   auto p = std::make_shared<program>();
   p->root = parser(lexer(source_).run()).parse_template();
+  p->fresh = scope_analyzer().analyze_root(p->root);
   program_ = std::move(p);
 }
 
 std::string chat_template::render(const nlohmann::ordered_json& context) const {
   // The caller's context outlives the render: refer to it without copying or owning it.
   std::shared_ptr<const json> view(std::shared_ptr<const json>{}, &context);
-  return renderer(context, std::move(view)).run(program_->root);
+  return renderer(context, std::move(view)).run(program_->root, program_->fresh);
 }
 
 std::string chat_template::render(const nlohmann::json& context) const {

@@ -530,6 +530,27 @@ LANGUAGE_CASES = [
      "{{ range(3) | list }} {{ range(1, 7, 2) | list }} {{ range(3, 0, -1) | list }} "
      "{{ dict(a=1, b='x') }} {{ namespace(a=1).a }} {{ namespace({'b': 2}, c=3).b }}", {}),
     ("the generation tag renders its body", "{% generation %}gen{% endgeneration %}", {}),
+    ("a name assigned later at top level is undefined in an earlier loop, not the context's",
+     "{% for i in [1] %}[{{ n }}]{% endfor %}{% set n = 4 %}{{ n }}", {"n": 5}),
+    ("a name read at top level before its assignment still sees the context",
+     "{{ n }}{% set n = 4 %}{{ n }}", {"n": 5}),
+    ("an assignment inside an if leaves the context value visible to an earlier loop",
+     "{% for i in [1] %}[{{ n }}]{% endfor %}{% if true %}{% set n = 4 %}{% endif %}{{ n }}",
+     {"n": 5}),
+    ("a name assigned later in a loop body is undefined in a loop nested before it",
+     "{% for i in [1, 2] %}{% for j in [1] %}[{{ n }}]{% endfor %}{% set n = 8 %}{% endfor %}",
+     {"n": 5}),
+    ("macros see the names of the frame they were defined in, as closures",
+     "{% macro m() %}{{ n }}{% endmacro %}[{{ m() }}]{% set n = 3 %}[{{ m() }}]"
+     "{% for i in [1] %}{% set b = 7 %}{% macro k() %}{{ b }}{% endmacro %}{{ k() }}{% endfor %}",
+     {"n": 5}),
+    ("sets inside for-else, filter blocks and block sets stay inside",
+     "{% for i in [] %}{% else %}{% set x = 1 %}{% endfor %}[{{ x }}]"
+     "{% filter upper %}{% set y = 2 %}{% endfilter %}[{{ y }}]"
+     "{% set z %}{% set w = 3 %}{% endset %}[{{ w }}]", {}),
+    ("select, reject and map of a false value give nothing; round keeps ints",
+     "{{ none | select('odd') | list }} {{ 0 | map('string') | list }} {{ 3 | round }} "
+     "{{ 1234 | round(-2) }} {{ 4.0 is even }} {{ 1.5 is odd }} {{ {'a': 1} is lower }}", {}),
     ("filter blocks filter their output", "{% filter upper %}shout {{ 'it' }}{% endfilter %}",
      {}),
     ("context values of every JSON type print as Python would",
