@@ -69,13 +69,23 @@ void broker_core::on_pull(const std::string& from, const msg::kv_pull& m, int64_
     release(m.handle_id, handle_state::failed, "incompatible adopter");
     return;
   }
+  if (choose_path(e, from) == msg::kv_path::tcp) {
+    // Moving real KV bytes between two pools needs a transfer engine, which this build
+    // does not have yet: refuse loudly rather than let decode run on KV it never received.
+    reply.code = msg::error_code::unavailable;
+    reply.message = "no KV transfer path from " + e.handle.owner + " to " + from + " for engine '" +
+                    settings_.engine_kind + "' (only the sim engine and same-pool adoption are supported)";
+    ++counters_["pulls_without_path"];
+    out_.send(from, reply);
+    release(m.handle_id, handle_state::failed, "no transfer path");
+    return;
+  }
   e.adopter = from;
   e.state = handle_state::transferring;
   e.lease_expiry_ms = now_ms + settings_.lease_ms;
   out_.send(e.handle.owner, msg::kv_registered{m.handle_id, e.lease_expiry_ms});  // the owner's lease moves too
   reply.path = choose_path(e, from);
-  // Paths with bytes to move are driven by the transfer engine (issue: KV handover); the
-  // paths available here need no copy, so the KV is in place at once.
+  // The paths available here need no copy, so the KV is in place at once.
   reply.bytes = reply.path == msg::kv_path::none ? 0 : e.handle.bytes;
   ++counters_[std::string("transfers_") + std::string(msg::to_string(reply.path))];
   out_.send(from, reply);

@@ -1761,6 +1761,18 @@ TEST_CASE("an owner pulling its own handle keeps the blocks in the same pool") {
   CHECK(moved[0].body.bytes == 4 * 1024);
 }
 
+TEST_CASE("a pull between two pools of an engine with real KV is refused until a transfer path exists") {
+  broker_fixture b;
+  b.core = duet::broker_core{broker_addr, duet::broker_settings{10000, "cpu"}};
+  (void)b.register_handle(1);
+  auto sent = b.pull(1, 4);
+  const auto moved = only_moved(sent);
+  CHECK(moved.code == msg::error_code::unavailable);
+  CHECK(moved.message.find("no KV transfer path") != std::string::npos);
+  only_release(sent, 1);  // the source gets its blocks back at once
+  CHECK(b.core.live_handles() == 0);
+}
+
 TEST_CASE("a confirm releases the handle to its owner exactly once") {
   broker_fixture b;
   (void)b.register_handle(1);
