@@ -203,10 +203,15 @@ int run_sim(const sim_commands::state& s) {
     auto result = run_simulation(config, d, trace, options);
     if (tty) std::fprintf(stderr, "\r%*s\r", 100, "");
     std::printf("%-24s %s\n", d.name.c_str(), describe(d).c_str());
-    std::printf("%-24s %llu events in %.2f s CPU (%.2f s wall): %.2fM events/s; %.0f s simulated\n",
-                "", static_cast<unsigned long long>(result.events), result.cpu_s, result.wall_s,
-                result.cpu_s > 0 ? double(result.events) / result.cpu_s / 1e6 : 0.0,
-                result.simulated_s);
+    const auto steps = result.counters["decode.steps"];
+    const double batch =
+        steps > 0 ? double(result.counters["decode.batched_sequences"]) / steps : 0.0;
+    std::printf(
+        "%-24s %llu events in %.2f s CPU (%.2f s wall): %.2fM events/s; %.0f s simulated; "
+        "mean decode batch %.1f\n",
+        "", static_cast<unsigned long long>(result.events), result.cpu_s, result.wall_s,
+        result.cpu_s > 0 ? double(result.events) / result.cpu_s / 1e6 : 0.0, result.simulated_s,
+        batch);
     sim_json["runs"].push_back(run_json(result, describe(d)));
     runs.push_back(
         make_report_run(result.name, std::move(result.records), slo, std::move(result.series)));
