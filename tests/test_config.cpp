@@ -152,6 +152,7 @@ TEST_CASE("every config key is set in a shipped example and described in docs/co
   std::set<std::string> shipped;
   for (const auto& entry : fs::directory_iterator(source_dir / "config")) {
     if (entry.path().extension() != ".toml") continue;
+    if (entry.path().filename() == "gpus.toml") continue;  // the simulator's GPU table, not a deployment
     INFO(entry.path());
     CHECK_NOTHROW((void)duet::load_config(entry.path()));
     collect_keys(toml::parse_file(entry.path().string()), "", shipped);
