@@ -246,8 +246,14 @@ int run_plan(const sim_commands::state& s) {
   po.sm_shares.clear();
   for (std::string_view rest = s.shares; !rest.empty();) {
     const auto comma = rest.find(',');
-    const std::string part(rest.substr(0, comma));
-    po.sm_shares.push_back(std::stod(part));
+    const std::string_view part = rest.substr(0, comma);
+    double share = 0;
+    const auto r = std::from_chars(part.data(), part.data() + part.size(), share);
+    if (r.ec != std::errc{} || r.ptr != part.data() + part.size() || !(share > 0 && share < 1)) {
+      throw std::invalid_argument("--sm-shares: '" + std::string(part) +
+                                  "' is not a share between 0 and 1 (exclusive)");
+    }
+    po.sm_shares.push_back(share);
     if (comma == std::string_view::npos) break;
     rest = rest.substr(comma + 1);
   }

@@ -546,6 +546,15 @@ TEST_CASE(
   CHECK(c.itl_s.p99 > 0.2);
   CHECK(d.itl_s.p99 < 0.02);
   CHECK(c.itl_s.p50 < 0.02);  // most gaps are plain decode steps
+  // Taking turns bounds a gap by one prefill step; letting every waiting prompt go first
+  // stalls decode for several in a row when prompts queue.
+  auto eager = parse_deployment_spec("colocated:policy=prefill_first", config, "h20");
+  const auto e = summarize(run_simulation(config, eager, trace).records);
+  MESSAGE("longest gap: alternate " << c.itl_s.max * 1e3 << " ms, prefill_first "
+                                    << e.itl_s.max * 1e3 << " ms");
+  CHECK(c.itl_s.max < 0.3);
+  CHECK(e.itl_s.max > 0.45);
+  CHECK(e.ttft_s.p99 <= c.ttft_s.p99);
   // Splitting the SMs removes the stalls but slows both sides.
   CHECK(s.itl_s.p99 < c.itl_s.p99 / 5);
   CHECK(s.ttft_s.p50 > d.ttft_s.p50);
