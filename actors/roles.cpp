@@ -162,10 +162,63 @@ duet_actor::behavior_type broker_behavior(duet_actor::stateful_pointer<broker_st
 
 // ------------------------------------------------------------------ prefill and decode
 
+/// What both workers hold; Role adds the core's construction and its message handlers.
+template <class Core>
+struct worker_state {
+  std::shared_ptr<engine> engine_;
+  std::unique_ptr<Core> core;
+  actor_context context;
+  std::string router;
+  bool stepping = false;
+};
+
+struct prefill_role : worker_state<prefill_core> {
+  static inline const char* name = "duet.prefill";
+  static constexpr const char* role = "prefill";
+  static std::unique_ptr<prefill_core> make_core(const actor_context& context, const deployment_addresses& addrs) {
+    prefill_settings settings;
+    settings.router = addrs.router;
+    settings.broker = addrs.broker;
+    settings.kv_blocks = context.actor->kv_blocks;
+    settings.chunk_tokens = context.actor->chunk_tokens;
+    settings.max_batch = context.actor->max_batch;
+    settings.register_timeout_ms = context.config->broker.transfer_timeout_ms;
+    return std::make_unique<prefill_core>(context.address, settings, *context.compute);
+  }
+  template <class M>
+  static void on(prefill_core& core, const msg::envelope& env, M& m, int64_t now) {
+    if constexpr (std::is_same_v<M, msg::prefill_request>) core.on_request(env, m, now);
+    else if constexpr (std::is_same_v<M, msg::cancel_seq>) core.on_cancel(m);
+    else if constexpr (std::is_same_v<M, msg::kv_registered>) core.on_registered(m);
+    else if constexpr (std::is_same_v<M, msg::kv_release>) core.on_release(m);
+  }
+};
+
+struct decode_role : worker_state<decode_core> {
+  static inline const char* name = "duet.decode";
+  static constexpr const char* role = "decode";
+  static std::unique_ptr<decode_core> make_core(const actor_context& context, const deployment_addresses& addrs) {
+    decode_settings settings;
+    settings.router = addrs.router;
+    settings.broker = addrs.broker;
+    settings.kv_blocks = context.actor->kv_blocks;
+    settings.max_batch = context.actor->max_batch;
+    settings.transfer_timeout_ms = context.config->broker.transfer_timeout_ms;
+    settings.renew_every_ms = std::max<uint32_t>(context.config->broker.lease_ms / 3, 1);
+    return std::make_unique<decode_core>(context.address, settings, *context.compute);
+  }
+  template <class M>
+  static void on(decode_core& core, const msg::envelope& env, M& m, int64_t now) {
+    if constexpr (std::is_same_v<M, msg::kv_adopt>) core.on_adopt(env, m, now);
+    else if constexpr (std::is_same_v<M, msg::kv_moved>) core.on_moved(m, now);
+    else if constexpr (std::is_same_v<M, msg::cancel_seq>) core.on_cancel(m);
+  }
+};
+
 /// The step loop both workers share: run the engine when idle, wait the modelled time
 /// (sim engine), then apply the results. Messages keep flowing in between.
-template <class State>
-void maybe_step(typename duet_actor::stateful_pointer<State> self) {
+template <class Role>
+void maybe_step(typename duet_actor::stateful_pointer<Role> self) {
   auto& st = self->state;
   if (st.stepping) return;
   auto wait = st.core->begin_step(unix_ms());
@@ -178,38 +231,17 @@ void maybe_step(typename duet_actor::stateful_pointer<State> self) {
   }
 }
 
-template <class State>
-void send_load(typename duet_actor::stateful_pointer<State> self) {
-  auto& st = self->state;
-  st.core->out().send(st.router, st.core->load());
-}
-
-struct prefill_state_holder {
-  std::shared_ptr<engine> engine_;
-  std::unique_ptr<prefill_core> core;
-  actor_context context;
-  std::string router;
-  bool stepping = false;
-  static inline const char* name = "duet.prefill";
-};
-
-duet_actor::behavior_type prefill_behavior(duet_actor::stateful_pointer<prefill_state_holder> self,
-                                           actor_context context) {
+template <class Role>
+duet_actor::behavior_type worker_behavior(duet_actor::stateful_pointer<Role> self, actor_context context) {
   const auto addrs = addresses_of(*context.config);
   auto& st = self->state;
   st.engine_ = context.compute;
-  prefill_settings settings;
-  settings.router = addrs.router;
-  settings.broker = addrs.broker;
-  settings.kv_blocks = context.actor->kv_blocks;
-  settings.chunk_tokens = context.actor->chunk_tokens;
-  settings.max_batch = context.actor->max_batch;
-  settings.register_timeout_ms = context.config->broker.transfer_timeout_ms;
-  st.core = std::make_unique<prefill_core>(context.address, settings, *st.engine_);
+  st.core = Role::make_core(context, addrs);
   st.context = context;
   st.router = addrs.router;
   self->send(self, tick_atom::value);
   self->send(self, report_atom::value);
+  auto flush_core = [self] { flush(self->state.core->out(), *self->state.context.net); };
   return {
       [=](inbound& in) {
         auto& core = *self->state.core;
@@ -217,110 +249,35 @@ duet_actor::behavior_type prefill_behavior(duet_actor::stateful_pointer<prefill_
         const int64_t now = unix_ms();
         auto outcome = msg::dispatch(in.env, in.frames, [&](const msg::envelope& env, auto& m) {
           using M = std::decay_t<decltype(m)>;
-          if constexpr (std::is_same_v<M, msg::prefill_request>) core.on_request(env, m, now);
-          else if constexpr (std::is_same_v<M, msg::cancel_seq>) core.on_cancel(m);
-          else if constexpr (std::is_same_v<M, msg::kv_registered>) core.on_registered(m);
-          else if constexpr (std::is_same_v<M, msg::kv_release>) core.on_release(m);
-          else if constexpr (std::is_same_v<M, msg::stats_request>) {
-            reply_stats(net, core.out(), env, "prefill", core.pool().free_blocks(), core.pool().total_blocks(),
+          if constexpr (std::is_same_v<M, msg::stats_request>) {
+            reply_stats(net, core.out(), env, Role::role, core.pool().free_blocks(), core.pool().total_blocks(),
                         core.counters());
+          } else {
+            Role::on(core, env, m, now);
           }
         });
         if (outcome.status == msg::dispatch_status::malformed) {
           core.out().send(in.env.src, msg::error{msg::error_code::bad_request, outcome.error, in.env.correlation});
         }
-        maybe_step<prefill_state_holder>(self);
-        flush(core.out(), net);
+        maybe_step<Role>(self);
+        flush_core();
       },
       [=](step_done_atom) {
-        auto& s = self->state;
-        s.core->finish_step(unix_ms());
-        s.stepping = false;
-        maybe_step<prefill_state_holder>(self);
-        flush(s.core->out(), *s.context.net);
+        self->state.core->finish_step(unix_ms());
+        self->state.stepping = false;
+        maybe_step<Role>(self);
+        flush_core();
       },
       [=](tick_atom) {
-        auto& s = self->state;
-        s.core->tick(unix_ms());
-        maybe_step<prefill_state_holder>(self);
-        flush(s.core->out(), *s.context.net);
-        self->delayed_send(self, s.context.timing.tick, tick_atom::value);
+        self->state.core->tick(unix_ms());
+        maybe_step<Role>(self);
+        flush_core();
+        self->delayed_send(self, self->state.context.timing.tick, tick_atom::value);
       },
       [=](report_atom) {
-        auto& s = self->state;
-        send_load<prefill_state_holder>(self);
-        flush(s.core->out(), *s.context.net);
-        self->delayed_send(self, s.context.timing.report, report_atom::value);
-      },
-  };
-}
-
-struct decode_state_holder {
-  std::shared_ptr<engine> engine_;
-  std::unique_ptr<decode_core> core;
-  actor_context context;
-  std::string router;
-  bool stepping = false;
-  static inline const char* name = "duet.decode";
-};
-
-duet_actor::behavior_type decode_behavior(duet_actor::stateful_pointer<decode_state_holder> self,
-                                          actor_context context) {
-  const auto addrs = addresses_of(*context.config);
-  auto& st = self->state;
-  st.engine_ = context.compute;
-  decode_settings settings;
-  settings.router = addrs.router;
-  settings.broker = addrs.broker;
-  settings.kv_blocks = context.actor->kv_blocks;
-  settings.max_batch = context.actor->max_batch;
-  settings.transfer_timeout_ms = context.config->broker.transfer_timeout_ms;
-  settings.renew_every_ms = std::max<uint32_t>(context.config->broker.lease_ms / 3, 1);
-  st.core = std::make_unique<decode_core>(context.address, settings, *st.engine_);
-  st.context = context;
-  st.router = addrs.router;
-  self->send(self, tick_atom::value);
-  self->send(self, report_atom::value);
-  return {
-      [=](inbound& in) {
-        auto& core = *self->state.core;
-        auto& net = *self->state.context.net;
-        const int64_t now = unix_ms();
-        auto outcome = msg::dispatch(in.env, in.frames, [&](const msg::envelope& env, auto& m) {
-          using M = std::decay_t<decltype(m)>;
-          if constexpr (std::is_same_v<M, msg::kv_adopt>) core.on_adopt(env, m, now);
-          else if constexpr (std::is_same_v<M, msg::kv_moved>) core.on_moved(m, now);
-          else if constexpr (std::is_same_v<M, msg::cancel_seq>) core.on_cancel(m);
-          else if constexpr (std::is_same_v<M, msg::stats_request>) {
-            reply_stats(net, core.out(), env, "decode", core.pool().free_blocks(), core.pool().total_blocks(),
-                        core.counters());
-          }
-        });
-        if (outcome.status == msg::dispatch_status::malformed) {
-          core.out().send(in.env.src, msg::error{msg::error_code::bad_request, outcome.error, in.env.correlation});
-        }
-        maybe_step<decode_state_holder>(self);
-        flush(core.out(), net);
-      },
-      [=](step_done_atom) {
-        auto& s = self->state;
-        s.core->finish_step(unix_ms());
-        s.stepping = false;
-        maybe_step<decode_state_holder>(self);
-        flush(s.core->out(), *s.context.net);
-      },
-      [=](tick_atom) {
-        auto& s = self->state;
-        s.core->tick(unix_ms());
-        maybe_step<decode_state_holder>(self);
-        flush(s.core->out(), *s.context.net);
-        self->delayed_send(self, s.context.timing.tick, tick_atom::value);
-      },
-      [=](report_atom) {
-        auto& s = self->state;
-        send_load<decode_state_holder>(self);
-        flush(s.core->out(), *s.context.net);
-        self->delayed_send(self, s.context.timing.report, report_atom::value);
+        self->state.core->out().send(self->state.router, self->state.core->load());
+        flush_core();
+        self->delayed_send(self, self->state.context.timing.report, report_atom::value);
       },
   };
 }
@@ -334,10 +291,10 @@ duet_actor spawn_broker(caf::actor_system& system, actor_context context) {
   return system.spawn(broker_behavior, context);
 }
 duet_actor spawn_prefill(caf::actor_system& system, actor_context context) {
-  return system.spawn(prefill_behavior, context);
+  return system.spawn(worker_behavior<prefill_role>, context);
 }
 duet_actor spawn_decode(caf::actor_system& system, actor_context context) {
-  return system.spawn(decode_behavior, context);
+  return system.spawn(worker_behavior<decode_role>, context);
 }
 
 }  // namespace duet
