@@ -11,6 +11,8 @@
 #include <string_view>
 #include <stdexcept>
 
+#include "runtime/gguf_model.hpp"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define DUET_CPU_X86 1
@@ -35,12 +37,195 @@ using scores_fn = void (*)(const float* q, const float* rows, std::size_t n, std
 // out[d] += weights[j] * rows[j][d] for j = 0..n-1 in order (each step as one axpy).
 using weighted_sum_fn = void (*)(float* out, const float* weights, const float* rows, std::size_t n, std::size_t k);
 
+// ggml's 8-bit activation block (block_q8_0 without `s`, block_q8_1 with it): 32 values
+// qs * d, s = d * sum(qs); d and s are fp16. Kept 4-byte aligned here; ggml packs the same
+// fields.
+struct q8_block {
+  uint16_t d;
+  uint16_t s;
+  int8_t qs[32];
+};
+// Dot product of one weight row (nb blocks of its ggml type) with one quantized activation row.
+using qdot_fn = float (*)(const std::byte* w, const q8_block* x, std::size_t nb);
+
 struct kernel_table {
   tile_fn t24, t14, t21, t11;
   scores_fn scores;
   weighted_sum_fn weighted_sum;
+  qdot_fn dot_q4_0, dot_q4_1, dot_q8_0;
   const char* name;
 };
+
+// ------------------------------------------------------------------- ggml blocks (native path)
+//
+// Transcriptions of ggml-cpu's AVX2 code at the llama.cpp commit docs/gguf.md names
+// (quants.c: quantize_row_q8_0/q8_1, ggml_vec_dot_q4_0_q8_0, _q4_1_q8_1, _q8_0_q8_0): per
+// block, the integer products of 4 consecutive elements are summed into lane l = j / 4 of 8
+// float lanes (exact integers), each lane accumulates fma(d_w * d_x, lane sum, acc), the lanes
+// are reduced by the tree of hsum_float_8, and Q4_1 adds sum over blocks of m * s after it.
+// The generic kernels compute the same operations in the same order, so both give the same bits.
+
+float fp16_to_float(uint16_t h) {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (uint32_t i = 0; i < 65536; ++i) t[i] = ggml_fp16_to_fp32(static_cast<uint16_t>(i));
+    return t;
+  }();
+  return table[h];
+}
+
+// float -> IEEE half, round to nearest even (as F16C's vcvtps2ph with rounding mode 0).
+uint16_t float_to_fp16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) return static_cast<uint16_t>(sign | (ax > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65536: inf
+  if (ax < 0x38800000u) {  // below 2^-14: a half subnormal; scaling by 2^24 is exact
+    float a;
+    std::memcpy(&a, &ax, 4);
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(a * 16777216.0f)));
+  }
+  const uint32_t rounded = ax + 0xfffu + ((ax >> 13) & 1u);
+  return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+}
+
+float round_to_fp16(float f) { return fp16_to_float(float_to_fp16(f)); }
+
+uint16_t load_u16(const std::byte* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// quantize_row_q8_0 / quantize_row_q8_1 (AVX2 version: round half to even), `nb` blocks.
+void quantize_q8(const float* x, std::size_t nb, bool with_sum, q8_block* out) {
+  for (std::size_t b = 0; b < nb; ++b) {
+    const float* v = x + b * 32;
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::abs(v[j]));
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    int32_t sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      const auto q = static_cast<int32_t>(std::nearbyint(v[j] * id));
+      out[b].qs[j] = static_cast<int8_t>(q);
+      sum += q;
+    }
+    out[b].d = float_to_fp16(d);
+    out[b].s = with_sum ? float_to_fp16(d * static_cast<float>(sum)) : 0;
+  }
+}
+
+inline float hsum8(const float* acc) {
+  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+// Block layouts (docs/gguf.md): Q4_0 {d; qs[16]} 18 bytes, Q4_1 {d; m; qs[16]} 20, Q8_0 {d; qs[32]} 34.
+// Element j < 16 of a 4-bit block is qs[j] & 15, element j + 16 is qs[j] >> 4.
+inline int nibble(const std::byte* qs, int j) {
+  const auto b = static_cast<uint8_t>(qs[j & 15]);
+  return j < 16 ? (b & 15) : (b >> 4);
+}
+
+float dot_q4_0_generic(const std::byte* w, const q8_block* x, std::size_t nb) {
+  float acc[8] = {};
+  for (std::size_t b = 0; b < nb; ++b, w += 18) {
+    const float d = fp16_to_float(load_u16(w)) * fp16_to_float(x[b].d);
+    for (int l = 0; l < 8; ++l) {
+      int32_t sum = 0;
+      for (int j = 4 * l; j < 4 * l + 4; ++j) sum += (nibble(w + 2, j) - 8) * x[b].qs[j];
+      acc[l] = std::fma(d, static_cast<float>(sum), acc[l]);
+    }
+  }
+  return hsum8(acc);
+}
+
+float dot_q4_1_generic(const std::byte* w, const q8_block* x, std::size_t nb) {
+  float acc[8] = {};
+  float summs = 0.0f;
+  for (std::size_t b = 0; b < nb; ++b, w += 20) {
+    summs += fp16_to_float(load_u16(w + 2)) * fp16_to_float(x[b].s);  // exact product (11 x 11 bits)
+    const float d = fp16_to_float(load_u16(w)) * fp16_to_float(x[b].d);
+    for (int l = 0; l < 8; ++l) {
+      int32_t sum = 0;
+      for (int j = 4 * l; j < 4 * l + 4; ++j) sum += nibble(w + 4, j) * x[b].qs[j];
+      acc[l] = std::fma(d, static_cast<float>(sum), acc[l]);
+    }
+  }
+  return hsum8(acc) + summs;
+}
+
+float dot_q8_0_generic(const std::byte* w, const q8_block* x, std::size_t nb) {
+  float acc[8] = {};
+  for (std::size_t b = 0; b < nb; ++b, w += 34) {
+    const float d = fp16_to_float(load_u16(w)) * fp16_to_float(x[b].d);
+    const auto* qw = reinterpret_cast<const int8_t*>(w + 2);
+    for (int l = 0; l < 8; ++l) {
+      int32_t sum = 0;
+      for (int j = 4 * l; j < 4 * l + 4; ++j) sum += qw[j] * x[b].qs[j];
+      acc[l] = std::fma(d, static_cast<float>(sum), acc[l]);
+    }
+  }
+  return hsum8(acc);
+}
+
+#ifdef DUET_CPU_X86
+#define DUET_AVX2 __attribute__((target("avx2,fma,f16c")))
+DUET_AVX2 inline float hsum8_avx2(__m256 x) {
+  __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  r = _mm_add_ss(r, _mm_movehdup_ps(r));
+  return _mm_cvtss_f32(r);
+}
+DUET_AVX2 inline __m256i nibbles_avx2(const std::byte* qs) {
+  const __m128i tmp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  return _mm256_and_si256(_mm256_set1_epi8(15), _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp));
+}
+// Sums of 4 consecutive products of unsigned a and signed b bytes, as 8 float lanes.
+DUET_AVX2 inline __m256 sum4_us8_avx2(__m256i a, __m256i b) {
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
+}
+DUET_AVX2 inline __m256 sum4_i8_avx2(__m256i a, __m256i b) {
+  return sum4_us8_avx2(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+}
+DUET_AVX2 inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+DUET_AVX2 float dot_q4_0_avx2(const std::byte* w, const q8_block* x, std::size_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  for (std::size_t b = 0; b < nb; ++b, w += 18) {
+    const __m256 d = _mm256_set1_ps(h2f(load_u16(w)) * h2f(x[b].d));
+    const __m256i qw = _mm256_sub_epi8(nibbles_avx2(w + 2), _mm256_set1_epi8(8));
+    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
+    acc = _mm256_fmadd_ps(d, sum4_i8_avx2(qw, qx), acc);
+  }
+  return hsum8_avx2(acc);
+}
+
+DUET_AVX2 float dot_q4_1_avx2(const std::byte* w, const q8_block* x, std::size_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  float summs = 0.0f;
+  for (std::size_t b = 0; b < nb; ++b, w += 20) {
+    summs += h2f(load_u16(w + 2)) * h2f(x[b].s);
+    const __m256 d = _mm256_set1_ps(h2f(load_u16(w)) * h2f(x[b].d));
+    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
+    acc = _mm256_fmadd_ps(d, sum4_us8_avx2(nibbles_avx2(w + 4), qx), acc);
+  }
+  return hsum8_avx2(acc) + summs;
+}
+
+DUET_AVX2 float dot_q8_0_avx2(const std::byte* w, const q8_block* x, std::size_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  for (std::size_t b = 0; b < nb; ++b, w += 34) {
+    const __m256 d = _mm256_set1_ps(h2f(load_u16(w)) * h2f(x[b].d));
+    const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 2));
+    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
+    acc = _mm256_fmadd_ps(d, sum4_i8_avx2(qw, qx), acc);
+  }
+  return hsum8_avx2(acc);
+}
+#endif
 
 // Generic kernels: 8 independent partial sums per output (lane l takes k = l mod 8), combined
 // in a fixed tree, then the tail in order.
@@ -176,14 +361,17 @@ const kernel_table& kernels() {
     const bool generic_only = forced && std::string_view(forced) == "generic";
 #ifdef DUET_CPU_X86
     __builtin_cpu_init();
-    if (!generic_only && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    if (!generic_only && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c")) {
       return kernel_table{tile_avx2<2, 4>, tile_avx2<1, 4>, tile_avx2<2, 1>, tile_avx2<1, 1>,
-                          scores_avx2,     weighted_sum_avx2, "avx2+fma"};
+                          scores_avx2,     weighted_sum_avx2, dot_q4_0_avx2, dot_q4_1_avx2,
+                          dot_q8_0_avx2,   "avx2+fma"};
     }
 #endif
     (void)generic_only;
     return kernel_table{tile_generic<2, 4>, tile_generic<1, 4>, tile_generic<2, 1>, tile_generic<1, 1>,
-                        scores_generic,     weighted_sum_generic, "generic"};
+                        scores_generic,     weighted_sum_generic, dot_q4_0_generic, dot_q4_1_generic,
+                        dot_q8_0_generic,   "generic"};
   }();
   return table;
 }
@@ -256,6 +444,39 @@ void matmul(worker_pool& pool, const float* x, std::size_t m, std::size_t k, con
   const std::size_t tasks = (n + col_block - 1) / col_block;
   pool.run(tasks, [&](std::size_t t, unsigned) {
     matmul_block(a, t * col_block, std::min(n, (t + 1) * col_block));
+  });
+}
+
+// Native path: y = x w^T (+ bias) with w in a ggml block format. x's rows are first rounded to
+// ggml's activation blocks (Q8_1 for Q4_1 weights, Q8_0 otherwise) in `quantized`, then every
+// output is one dot product of a weight row and an activation row. Tasks are blocks of 16
+// weight rows; each streams its rows once for up to 32 activation rows.
+void block_matmul(worker_pool& pool, const float* x, std::size_t m, std::size_t k, const ggml_matrix& w,
+                  const float* bias, float* y, std::vector<std::byte>& quantized) {
+  const kernel_table& kt = kernels();
+  const std::size_t nb = k / 32;
+  const std::size_t n = w.rows;
+  quantized.resize(m * nb * sizeof(q8_block));
+  auto* xq = reinterpret_cast<q8_block*>(quantized.data());
+  const bool with_sum = w.type == ggml_type::q4_1;
+  for (std::size_t r = 0; r < m; ++r) quantize_q8(x + r * k, nb, with_sum, xq + r * nb);
+  const qdot_fn dot = w.type == ggml_type::q4_0 ? kt.dot_q4_0 : w.type == ggml_type::q4_1 ? kt.dot_q4_1 : kt.dot_q8_0;
+  const std::size_t row_bytes = w.row_bytes();
+  constexpr std::size_t col_block = 16;
+  constexpr std::size_t row_block = 32;
+  pool.run((n + col_block - 1) / col_block, [&](std::size_t t, unsigned) {
+    const std::size_t n0 = t * col_block;
+    const std::size_t n1 = std::min(n, n0 + col_block);
+    for (std::size_t m0 = 0; m0 < m; m0 += row_block) {
+      const std::size_t m1 = std::min(m, m0 + row_block);
+      for (std::size_t c = n0; c < n1; ++c) {
+        const std::byte* wr = w.data.data() + c * row_bytes;
+        for (std::size_t r = m0; r < m1; ++r) {
+          const float v = dot(wr, xq + r * nb, nb);
+          y[r * n + c] = bias ? v + bias[c] : v;
+        }
+      }
+    }
   });
 }
 
@@ -381,6 +602,9 @@ void paged_attention(const paged_attention_params& p, uint32_t token, uint32_t h
     sum += scratch[j];
   }
   for (uint32_t j = 0; j < length; ++j) scratch[j] /= sum;
+  if (p.fp16_probs) {
+    for (uint32_t j = 0; j < length; ++j) scratch[j] = round_to_fp16(scratch[j]);
+  }
   std::fill(out, out + hd, 0.0f);
   for (uint32_t j0 = 0, b = 0; j0 < length; j0 += l.block_tokens, ++b) {
     const float* values = p.pool + p.block_table[b] * block_floats + l.offset(p.layer, 1, kv_head, 0);
@@ -475,14 +699,27 @@ unsigned thread_count(uint32_t requested) {
 }  // namespace
 
 cpu_engine::cpu_engine(std::shared_ptr<const model_weights> weights, cpu_engine_params params)
+    : cpu_engine(std::move(weights), nullptr, std::move(params)) {}
+
+cpu_engine::cpu_engine(std::shared_ptr<const gguf_native_model> model, cpu_engine_params params)
+    : cpu_engine(model ? std::shared_ptr<const model_weights>(model, &model->weights) : nullptr, model,
+                 std::move(params)) {}
+
+cpu_engine::cpu_engine(std::shared_ptr<const model_weights> weights, std::shared_ptr<const gguf_native_model> native,
+                       cpu_engine_params params)
     : weights_(std::move(weights)),
+      native_(std::move(native)),
       params_(std::move(params)),
       layout_(),
       rope_(weights_ ? weights_->config : transformer_config{},
             weights_ ? std::min(params_.max_context, weights_->config.max_position_embeddings) : 0),
       pool_(thread_count(params_.threads)) {
   if (!weights_) throw std::invalid_argument("cpu_engine: no weights");
-  weights_->validate();
+  if (native_) {
+    native_->validate();
+  } else {
+    weights_->validate();
+  }
   if (params_.kv_blocks == 0) throw std::invalid_argument("cpu_engine: kv_blocks must be positive");
   if (params_.block_tokens == 0) throw std::invalid_argument("cpu_engine: block_tokens must be positive");
   if (params_.max_context == 0) throw std::invalid_argument("cpu_engine: max_context must be positive");
@@ -502,7 +739,9 @@ cpu_engine::cpu_engine(std::shared_ptr<const model_weights> weights, cpu_engine_
   info_.max_context = rope_.positions();
   info_.block_tokens = params_.block_tokens;
   info_.block_bytes = layout_.block_bytes;
-  info_.layout_hash = layout_hash(params_.served_name, "f32", c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
+  // The native path's KV (fp16 values held in fp32) is laid out like the fp32 path's but
+  // computed differently, so the two do not exchange blocks.
+  info_.layout_hash = layout_hash(params_.served_name, native_ ? "f32-ggml" : "f32", c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
                                   params_.block_tokens);
   info_.eos_ids = c.eos_token_ids;
   scratch_.resize(pool_.size());
@@ -535,6 +774,17 @@ void cpu_engine::check_blocks(std::span<const uint32_t> blocks, uint64_t positio
                                   " is outside the pool of " + std::to_string(params_.kv_blocks));
     }
   }
+}
+
+void cpu_engine::linear(const float* x, std::size_t m, std::size_t k, const std::vector<float>& w,
+                        const ggml_matrix* blocks, std::size_t n, const std::vector<float>& bias, float* y) {
+  const float* b = bias.empty() ? nullptr : bias.data();
+  if (blocks != nullptr && blocks->type != ggml_type::f32) {
+    block_matmul(pool_, x, m, k, *blocks, b, y, quantized_);
+    return;
+  }
+  const float* wf = blocks != nullptr ? reinterpret_cast<const float*>(blocks->data.data()) : w.data();
+  matmul(pool_, x, m, k, wf, n, b, y);
 }
 
 void cpu_engine::forward(std::span<const int32_t> tokens, std::span<const row_group> groups,
@@ -574,12 +824,22 @@ void cpu_engine::forward(std::span<const int32_t> tokens, std::span<const row_gr
     for_rows(pool_, rows, hidden, [&](std::size_t r) {
       rms_norm(&x_[r * hidden], lw.input_norm.data(), hidden, eps, &h_[r * hidden]);
     });
-    matmul(pool_, h_.data(), rows, hidden, lw.q.data(), qd, lw.q_bias.empty() ? nullptr : lw.q_bias.data(), q_.data());
-    matmul(pool_, h_.data(), rows, hidden, lw.k.data(), kvd, lw.k_bias.empty() ? nullptr : lw.k_bias.data(), k_.data());
-    matmul(pool_, h_.data(), rows, hidden, lw.v.data(), kvd, lw.v_bias.empty() ? nullptr : lw.v_bias.data(), v_.data());
+    const ggml_layer_matrices* nm = native_ ? &native_->layers[layer] : nullptr;
+    linear(h_.data(), rows, hidden, lw.q, nm ? &nm->q : nullptr, qd, lw.q_bias, q_.data());
+    linear(h_.data(), rows, hidden, lw.k, nm ? &nm->k : nullptr, kvd, lw.k_bias, k_.data());
+    linear(h_.data(), rows, hidden, lw.v, nm ? &nm->v : nullptr, kvd, lw.v_bias, v_.data());
     for_rows(pool_, rows, qd + kvd, [&](std::size_t r) {
       for (uint32_t h = 0; h < heads; ++h) rope_.apply(&q_[r * qd + std::size_t{h} * hd], position[r]);
       for (uint32_t h = 0; h < kv_heads; ++h) rope_.apply(&k_[r * kvd + std::size_t{h} * hd], position[r]);
+      if (native_) {
+        // llama.cpp's default f16 KV cache: K and V are stored as fp16, and q is converted to
+        // fp16 for the K·q product (ggml's vec_dot_f16).
+        for (std::size_t i = r * qd; i < (r + 1) * qd; ++i) q_[i] = round_to_fp16(q_[i]);
+        for (std::size_t i = r * kvd; i < (r + 1) * kvd; ++i) {
+          k_[i] = round_to_fp16(k_[i]);
+          v_[i] = round_to_fp16(v_[i]);
+        }
+      }
     });
     // Store this step's K and V in the pool, then attend over the pages (earlier chunks included).
     for (const row_group& g : groups) {
@@ -600,7 +860,7 @@ void cpu_engine::forward(std::span<const int32_t> tokens, std::span<const row_gr
     for (std::size_t gi = 0; gi < groups.size(); ++gi) {
       const row_group& g = groups[gi];
       params[gi] = paged_attention_params{&q_[g.first_row * qd], &attn_[g.first_row * qd], kv_, layout_,
-                                          g.blocks.data(), layer, heads, g.start, scale};
+                                          g.blocks.data(), layer, heads, g.start, scale, native_ != nullptr};
       for (uint32_t r = 0; r < g.rows; ++r) group_of_row[g.first_row + r] = static_cast<uint32_t>(gi);
     }
     pool_.run(attention_tasks, [&](std::size_t t, unsigned worker) {
@@ -610,21 +870,21 @@ void cpu_engine::forward(std::span<const int32_t> tokens, std::span<const row_gr
       paged_attention(params[gi], static_cast<uint32_t>(row - groups[gi].first_row), head, scratch_[worker].data());
     });
     // Output projection and residual.
-    matmul(pool_, attn_.data(), rows, qd, lw.o.data(), hidden, lw.o_bias.empty() ? nullptr : lw.o_bias.data(),
-           h_.data());
+    linear(attn_.data(), rows, qd, lw.o, nm ? &nm->o : nullptr, hidden, lw.o_bias, h_.data());
     for (std::size_t i = 0; i < rows * hidden; ++i) x_[i] += h_[i];
     // SwiGLU MLP and residual.
     for_rows(pool_, rows, hidden, [&](std::size_t r) {
       rms_norm(&x_[r * hidden], lw.post_attention_norm.data(), hidden, eps, &h_[r * hidden]);
     });
-    matmul(pool_, h_.data(), rows, hidden, lw.gate.data(), ffn, nullptr, gate_.data());
-    matmul(pool_, h_.data(), rows, hidden, lw.up.data(), ffn, nullptr, up_.data());
+    const std::vector<float> none;
+    linear(h_.data(), rows, hidden, lw.gate, nm ? &nm->gate : nullptr, ffn, none, gate_.data());
+    linear(h_.data(), rows, hidden, lw.up, nm ? &nm->up : nullptr, ffn, none, up_.data());
     for_rows(pool_, rows, ffn, [&](std::size_t r) {
       float* g = &gate_[r * ffn];
       const float* u = &up_[r * ffn];
       for (std::size_t i = 0; i < ffn; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
     });
-    matmul(pool_, gate_.data(), rows, ffn, lw.down.data(), hidden, nullptr, h_.data());
+    linear(gate_.data(), rows, ffn, lw.down, nm ? &nm->down : nullptr, hidden, none, h_.data());
     for (std::size_t i = 0; i < rows * hidden; ++i) x_[i] += h_[i];
   }
 
@@ -635,7 +895,8 @@ void cpu_engine::forward(std::span<const int32_t> tokens, std::span<const row_gr
     rms_norm(&x_[output_rows[o] * hidden], w.final_norm.data(), hidden, eps, &normed[o * hidden]);
   }
   logits_.resize(outputs * c.vocab_size);
-  matmul(pool_, normed.data(), outputs, hidden, w.output_weights().data(), c.vocab_size, nullptr, logits_.data());
+  linear(normed.data(), outputs, hidden, w.output_weights(), native_ ? &native_->output : nullptr, c.vocab_size, {},
+         logits_.data());
 }
 
 step_output cpu_engine::prefill(std::span<const prefill_chunk> chunks) {
@@ -758,7 +1019,8 @@ bool cpu_engine::write_blocks(std::span<const uint32_t> blocks, std::span<const 
 
 std::unique_ptr<engine> make_cpu_engine(const deployment_config& config, const actor_config& actor) {
   if (config.model.path.empty()) {
-    throw std::runtime_error("engine 'cpu' needs model.path: a Hugging Face model directory (config.json, *.safetensors)");
+    throw std::runtime_error(
+        "engine 'cpu' needs model.path: a Hugging Face model directory (config.json, *.safetensors) or a .gguf file");
   }
   cpu_engine_params params;
   params.served_name = config.model.name;
@@ -766,7 +1028,12 @@ std::unique_ptr<engine> make_cpu_engine(const deployment_config& config, const a
   params.block_tokens = config.model.block_tokens;
   params.max_context = config.model.max_context;
   params.threads = config.engine.threads;
-  return std::make_unique<cpu_engine>(load_hf_model_shared(config.model.path), std::move(params));
+  const std::filesystem::path path = config.model.path;
+  if (is_gguf_file(path)) {
+    if (config.model.dtype == "f32") return std::make_unique<cpu_engine>(load_gguf_model_shared(path), std::move(params));
+    return std::make_unique<cpu_engine>(load_gguf_native_shared(path), std::move(params));
+  }
+  return std::make_unique<cpu_engine>(load_hf_model_shared(path), std::move(params));
 }
 
 }  // namespace duet

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "runtime/engine.hpp"
+#include "runtime/gguf_model.hpp"
 #include "runtime/hf_model.hpp"
 #include "runtime/sampler.hpp"
 
@@ -81,6 +82,7 @@ struct paged_attention_params {
   uint32_t heads = 0;                  // query heads; head h reads kv head h / (heads / kv_heads)
   uint32_t start = 0;                  // position of q's token 0; token t attends to [0, start + t]
   float scale = 1.0f;                  // softmax scale, 1 / sqrt(head_dim)
+  bool fp16_probs = false;             // round the probabilities to fp16 before weighting V (native path)
 };
 
 /// Attention of query `token`, head `head`. `scratch` holds at least start + token + 1 floats.
@@ -128,9 +130,16 @@ struct cpu_engine_params {
 
 /// The fp32 reference engine. Prefill and decode validate every input before touching the KV
 /// pool and throw std::invalid_argument naming the problem (the engine stays usable).
+///
+/// Built from a gguf_native_model it runs the "native" path instead: every matrix product
+/// multiplies the GGUF's own blocks (Q4_0, Q4_1, Q8_0) by activations first rounded to ggml's
+/// 8-bit blocks (Q8_0, Q8_1), exactly as ggml's AVX2 CPU backend computes each dot product,
+/// and K, V, q and the attention probabilities are rounded to fp16 as llama.cpp's default f16
+/// KV cache does. Everything else is the fp32 path. docs/cpu-engine.md.
 class cpu_engine final : public engine {
  public:
   cpu_engine(std::shared_ptr<const model_weights> weights, cpu_engine_params params);
+  cpu_engine(std::shared_ptr<const gguf_native_model> model, cpu_engine_params params);
   ~cpu_engine() override;
 
   [[nodiscard]] const engine_info& info() const override { return info_; }
@@ -149,6 +158,8 @@ class cpu_engine final : public engine {
   [[nodiscard]] std::span<const float> last_logits(std::size_t i) const;
 
   [[nodiscard]] const model_weights& weights() const { return *weights_; }
+  /// Whether this engine runs the native (ggml block) path.
+  [[nodiscard]] bool native() const { return native_ != nullptr; }
   [[nodiscard]] const kv_block_layout& kv_layout() const { return layout_; }
   [[nodiscard]] const rope_table& rope() const { return rope_; }
   [[nodiscard]] unsigned threads() const { return pool_.size(); }
@@ -158,12 +169,18 @@ class cpu_engine final : public engine {
 
  private:
   struct row_group;  // the rows of one sequence in a step
+  cpu_engine(std::shared_ptr<const model_weights> weights, std::shared_ptr<const gguf_native_model> native,
+             cpu_engine_params params);
+  // y = x w^T (+ bias) for the fp32 matrix `w` or, on the native path, `blocks`.
+  void linear(const float* x, std::size_t m, std::size_t k, const std::vector<float>& w, const ggml_matrix* blocks,
+              std::size_t n, const std::vector<float>& bias, float* y);
   void forward(std::span<const int32_t> tokens, std::span<const row_group> groups,
                std::span<const uint32_t> output_rows);
   void check_blocks(std::span<const uint32_t> blocks, uint64_t positions, const char* what) const;
   [[nodiscard]] float* block_ptr(uint32_t block) const;
 
   std::shared_ptr<const model_weights> weights_;
+  std::shared_ptr<const gguf_native_model> native_;  // null: the fp32 path
   cpu_engine_params params_;
   engine_info info_;
   kv_block_layout layout_;
@@ -175,6 +192,7 @@ class cpu_engine final : public engine {
   // Step workspace, reused across steps.
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;
   std::vector<float> logits_;
+  std::vector<std::byte> quantized_;  // native path: activations in ggml's 8-bit blocks
   std::vector<std::vector<float>> scratch_;  // per worker: attention scores
   std::vector<sampler> samplers_;            // per worker
   std::vector<sample_result> samples_;
@@ -182,8 +200,10 @@ class cpu_engine final : public engine {
   std::unordered_map<uint64_t, std::vector<int32_t>> prompt_tokens_;
 };
 
-/// engine.kind "cpu": loads config.model.path (a Hugging Face model directory; weights shared
-/// by every engine of the process that loads the same path) with actor.kv_blocks blocks.
+/// engine.kind "cpu": loads config.model.path (a Hugging Face model directory, or a GGUF file
+/// recognised by its magic; weights shared by every engine of the process that loads the same
+/// path) with actor.kv_blocks blocks. A GGUF runs on the native path unless model.dtype is
+/// "f32", which dequantizes every matrix to fp32 (the reference path).
 [[nodiscard]] std::unique_ptr<engine> make_cpu_engine(const deployment_config& config, const actor_config& actor);
 
 }  // namespace duet
