@@ -140,6 +140,7 @@ duet_actor::behavior_type broker_behavior(duet_actor::stateful_pointer<broker_st
           else if constexpr (std::is_same_v<M, msg::stats_request>) {
             auto counters = core.counters();
             counters["live_handles"] = core.live_handles();
+            counters["bytes_in_flight"] = core.bytes_in_flight();
             reply_stats(net, core.out(), env, "broker", 0, 0, std::move(counters));
           }
         });
@@ -183,6 +184,8 @@ struct prefill_role : worker_state<prefill_core> {
     settings.chunk_tokens = context.actor->chunk_tokens;
     settings.max_batch = context.actor->max_batch;
     settings.register_timeout_ms = context.config->broker.transfer_timeout_ms;
+    settings.stream.chunk_bytes = context.config->broker.stream_chunk_bytes;
+    settings.stream.window = context.config->broker.stream_window;
     return std::make_unique<prefill_core>(context.address, settings, *context.compute);
   }
   template <class M>
@@ -191,6 +194,8 @@ struct prefill_role : worker_state<prefill_core> {
     else if constexpr (std::is_same_v<M, msg::cancel_seq>) core.on_cancel(m);
     else if constexpr (std::is_same_v<M, msg::kv_registered>) core.on_registered(m);
     else if constexpr (std::is_same_v<M, msg::kv_release>) core.on_release(m);
+    else if constexpr (std::is_same_v<M, msg::kv_send>) core.on_kv_send(env.src, m);
+    else if constexpr (std::is_same_v<M, msg::kv_chunk_ack>) core.on_chunk_ack(env.src, m);
   }
 };
 
@@ -211,6 +216,7 @@ struct decode_role : worker_state<decode_core> {
   static void on(decode_core& core, const msg::envelope& env, M& m, int64_t now) {
     if constexpr (std::is_same_v<M, msg::kv_adopt>) core.on_adopt(env, m, now);
     else if constexpr (std::is_same_v<M, msg::kv_moved>) core.on_moved(m, now);
+    else if constexpr (std::is_same_v<M, msg::kv_chunk>) core.on_chunk(env, m, now);
     else if constexpr (std::is_same_v<M, msg::cancel_seq>) core.on_cancel(m);
   }
 };

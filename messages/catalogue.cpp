@@ -28,6 +28,9 @@ std::string_view to_string(type_id id) {
     case type_id::kv_nack: return "kv_nack";
     case type_id::kv_renew: return "kv_renew";
     case type_id::kv_drop: return "kv_drop";
+    case type_id::kv_send: return "kv_send";
+    case type_id::kv_chunk: return "kv_chunk";
+    case type_id::kv_chunk_ack: return "kv_chunk_ack";
     case type_id::load_report: return "load_report";
     case type_id::stats_request: return "stats_request";
     case type_id::stats_reply: return "stats_reply";

@@ -2,6 +2,7 @@
 // Every message of the lifecycle, as plain structs. Body fields travel as a msgpack map
 // (MSGPACK_DEFINE_MAP: fields can be added without breaking old peers); large arrays are
 // listed by raw() and travel as raw binary frames after the body, in raw()'s order.
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -338,6 +339,45 @@ struct kv_drop {
   friend bool operator==(const kv_drop&, const kv_drop&) = default;
 };
 
+// ---------------------------------------------------------------- KV bytes (stream path)
+
+/// Broker to the owner of a handle: stream its blocks to `to`, in order.
+struct kv_send {
+  static constexpr type_id id = type_id::kv_send;
+  uint64_t handle_id = 0;
+  std::string to;  // the adopter's address
+  MSGPACK_DEFINE_MAP(handle_id, to);
+  auto raw() { return std::tie(); }
+  friend bool operator==(const kv_send&, const kv_send&) = default;
+};
+
+/// Owner to adopter: blocks [first, first + count) of the handle's block list, as the
+/// engine's read_blocks lays them out; `checksum` is XXH3-64 of `bytes`.
+struct kv_chunk {
+  static constexpr type_id id = type_id::kv_chunk;
+  uint64_t handle_id = 0;
+  uint32_t first = 0;
+  uint32_t count = 0;
+  uint32_t total = 0;  // blocks in the whole handle
+  uint64_t layout_hash = 0;
+  uint64_t checksum = 0;
+  std::vector<std::byte> bytes;  // raw frame
+  MSGPACK_DEFINE_MAP(handle_id, first, count, total, layout_hash, checksum);
+  auto raw() { return std::tie(bytes); }
+  friend bool operator==(const kv_chunk&, const kv_chunk&) = default;
+};
+
+/// Adopter to owner: `received` blocks are written; the owner may have `window` chunks
+/// beyond that in flight (credit-based flow control).
+struct kv_chunk_ack {
+  static constexpr type_id id = type_id::kv_chunk_ack;
+  uint64_t handle_id = 0;
+  uint32_t received = 0;
+  MSGPACK_DEFINE_MAP(handle_id, received);
+  auto raw() { return std::tie(); }
+  friend bool operator==(const kv_chunk_ack&, const kv_chunk_ack&) = default;
+};
+
 // ---------------------------------------------------------------- observation
 
 /// Worker to router, periodically and on change: what placement decisions need.
@@ -380,6 +420,7 @@ using all_messages =
     type_list<hello, heartbeat, error, submit, admitted, rejected, cancel, token_batch, finish,
               prefill_request, prefill_done, stage_failed, cancel_seq, request_done, kv_adopt,
               kv_register, kv_registered, kv_pull, kv_moved, kv_confirm, kv_release, kv_nack,
-              kv_renew, kv_drop, load_report, stats_request, stats_reply>;
+              kv_renew, kv_drop, load_report, stats_request, stats_reply, kv_send, kv_chunk,
+              kv_chunk_ack>;
 
 }  // namespace duet::msg

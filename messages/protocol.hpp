@@ -42,6 +42,10 @@ enum class type_id : uint16_t {
   load_report = 40,
   stats_request = 41,
   stats_reply = 42,
+  // KV bytes between pools (the stream path)
+  kv_send = 50,
+  kv_chunk = 51,
+  kv_chunk_ack = 52,
 };
 
 [[nodiscard]] std::string_view to_string(type_id id);

@@ -69,26 +69,28 @@ void broker_core::on_pull(const std::string& from, const msg::kv_pull& m, int64_
     release(m.handle_id, handle_state::failed, "incompatible adopter");
     return;
   }
-  if (choose_path(e, from) == msg::kv_path::tcp) {
-    // Moving real KV bytes between two pools needs a transfer engine, which this build
-    // does not have yet: refuse loudly rather than let decode run on KV it never received.
-    reply.code = msg::error_code::unavailable;
-    reply.message = "no KV transfer path from " + e.handle.owner + " to " + from + " for engine '" +
-                    settings_.engine_kind + "' (only the sim engine and same-pool adoption are supported)";
-    ++counters_["pulls_without_path"];
-    out_.send(from, reply);
-    release(m.handle_id, handle_state::failed, "no transfer path");
-    return;
-  }
   e.adopter = from;
   e.state = handle_state::transferring;
   e.lease_expiry_ms = now_ms + settings_.lease_ms;
   out_.send(e.handle.owner, msg::kv_registered{m.handle_id, e.lease_expiry_ms});  // the owner's lease moves too
   reply.path = choose_path(e, from);
-  // The paths available here need no copy, so the KV is in place at once.
-  reply.bytes = reply.path == msg::kv_path::none ? 0 : e.handle.bytes;
   ++counters_[std::string("transfers_") + std::string(msg::to_string(reply.path))];
+  if (reply.path == msg::kv_path::tcp) {
+    // Bytes must move: the owner streams them to the adopter, whose last chunk completes
+    // the pull and whose kv_confirm (or kv_nack) ends the handle here.
+    counters_["bytes_streamed"] += e.handle.bytes;
+    out_.send(e.handle.owner, msg::kv_send{m.handle_id, from});
+    return;
+  }
+  // No copy on these paths (same pool, or the sim engine's accounting): in place at once.
+  reply.bytes = reply.path == msg::kv_path::none ? 0 : e.handle.bytes;
   out_.send(from, reply);
+}
+
+uint64_t broker_core::bytes_in_flight() const {
+  uint64_t total = 0;
+  for (const auto& [id, e] : handles_) total += e.state == handle_state::transferring ? e.handle.bytes : 0;
+  return total;
 }
 
 void broker_core::on_confirm(const std::string& from, const msg::kv_confirm& m) {

@@ -36,6 +36,8 @@ class broker_core {
 
   [[nodiscard]] outbox& out() { return out_; }
   [[nodiscard]] std::size_t live_handles() const { return handles_.size(); }
+  /// KV bytes of handles whose transfer started and is not confirmed yet.
+  [[nodiscard]] uint64_t bytes_in_flight() const;
   [[nodiscard]] const std::map<std::string, uint64_t>& counters() const { return counters_; }
 
  private:

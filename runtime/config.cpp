@@ -288,7 +288,9 @@ const std::vector<field<broker_config>>& broker_fields() {
   static const std::vector<field<broker_config>> fields{
       {"lease_ms", &broker_config::lease_ms},
       {"reclaim_interval_ms", &broker_config::reclaim_interval_ms},
-      {"transfer_timeout_ms", &broker_config::transfer_timeout_ms}};
+      {"transfer_timeout_ms", &broker_config::transfer_timeout_ms},
+      {"stream_chunk_bytes", &broker_config::stream_chunk_bytes},
+      {"stream_window", &broker_config::stream_window}};
   return fields;
 }
 
@@ -740,6 +742,14 @@ class validator {
     at_least_one("broker.lease_ms", b.lease_ms);
     at_least_one("broker.reclaim_interval_ms", b.reclaim_interval_ms);
     at_least_one("broker.transfer_timeout_ms", b.transfer_timeout_ms);
+    at_least_one("broker.stream_chunk_bytes", b.stream_chunk_bytes);
+    at_least_one("broker.stream_window", b.stream_window);
+    if (b.stream_chunk_bytes > config_.transport.max_frame_bytes / 2) {
+      error("broker.stream_chunk_bytes",
+            "must be at most half of transport.max_frame_bytes (" +
+                std::to_string(config_.transport.max_frame_bytes) + "; got " +
+                std::to_string(b.stream_chunk_bytes) + "), or KV chunks would be dropped as oversized");
+    }
     if (b.reclaim_interval_ms > b.lease_ms) {
       error("broker.reclaim_interval_ms",
             "must not exceed broker.lease_ms (" + std::to_string(b.lease_ms) + "; got " +

@@ -64,6 +64,8 @@ struct broker_config {
   uint32_t lease_ms = 10000;            // a handle not confirmed within this is reclaimed
   uint32_t reclaim_interval_ms = 250;   // timer period of the reclamation sweep
   uint32_t transfer_timeout_ms = 5000;  // decode side gives up waiting for KV after this
+  uint32_t stream_chunk_bytes = 4u << 20;  // stream path: KV bytes per message (whole blocks)
+  uint32_t stream_window = 4;              // stream path: chunks in flight per transfer
 };
 
 /// [transport]

@@ -73,21 +73,50 @@ void decode_core::try_admit_waiting(int64_t now_ms) {
   }
 }
 
-void decode_core::on_moved(const msg::kv_moved& m, int64_t now_ms) {
+decode_core::sequence* decode_core::find_by_handle(uint64_t handle_id) {
   auto it = std::find_if(seqs_.begin(), seqs_.end(),
-                         [&](const auto& kv) { return kv.second.handle_id == m.handle_id; });
-  if (it == seqs_.end() || it->second.state != decode_state::pulling) {
+                         [&](const auto& kv) { return kv.second.handle_id == handle_id; });
+  return it == seqs_.end() ? nullptr : &it->second;
+}
+
+void decode_core::on_moved(const msg::kv_moved& m, int64_t now_ms) {
+  sequence* s = find_by_handle(m.handle_id);
+  if (!s || s->state != decode_state::pulling) {
     ++counters_["stale_moves"];
     return;
   }
-  sequence& s = it->second;
   if (m.code != msg::error_code::none) {
     ++counters_["transfer_failures"];
-    end(s, msg::finish_reason::error, m.code, "KV transfer failed: " + m.message);
+    // The broker may still hold the handle (an owner-side failure): release it now.
+    out_.send(settings_.broker, msg::kv_nack{m.handle_id, "transfer failed: " + m.message});
+    end(*s, msg::finish_reason::error, m.code, "KV transfer failed: " + m.message);
     return;
   }
-  out_.send(settings_.broker, msg::kv_confirm{m.handle_id});
-  counters_[std::string("path_") + std::string(msg::to_string(m.path))]++;
+  kv_arrived(*s, m.path);
+}
+
+void decode_core::on_chunk(const msg::envelope& env, const msg::kv_chunk& m, int64_t now_ms) {
+  sequence* s = find_by_handle(m.handle_id);
+  if (!s || s->state != decode_state::pulling) {
+    ++counters_["stale_chunks"];
+    return;
+  }
+  const auto status = s->receiver.on_chunk(engine_, s->blocks, m);
+  if (status == kv_stream_receiver::status::failed) {
+    ++counters_["transfer_failures"];
+    out_.send(settings_.broker, msg::kv_nack{m.handle_id, s->receiver.error()});
+    end(*s, msg::finish_reason::error, msg::error_code::internal, "KV transfer failed: " + s->receiver.error());
+    return;
+  }
+  counters_["stream_bytes_received"] += m.bytes.size();
+  s->wait_until_ms = now_ms + settings_.transfer_timeout_ms;  // progress: the wait is per chunk
+  out_.send(env.src, msg::kv_chunk_ack{m.handle_id, s->receiver.received()});
+  if (status == kv_stream_receiver::status::complete) kv_arrived(*s, msg::kv_path::tcp);
+}
+
+void decode_core::kv_arrived(sequence& s, msg::kv_path path) {
+  out_.send(settings_.broker, msg::kv_confirm{s.handle_id});
+  counters_[std::string("path_") + std::string(msg::to_string(path))]++;
   if (s.cancelled) {
     end(s, s.cancel_reason, msg::error_code::none, "cancelled");
     return;
@@ -179,7 +208,7 @@ void decode_core::finish_step(int64_t now_ms) {
 void decode_core::tick(int64_t now_ms) {
   std::vector<uint64_t> expired;
   for (auto& [id, s] : seqs_) {
-    if (s.state == decode_state::waiting_memory && now_ms >= s.next_renew_ms) {
+    if (s.state != decode_state::running && now_ms >= s.next_renew_ms) {
       out_.send(settings_.broker, msg::kv_renew{s.handle_id});
       s.next_renew_ms = now_ms + settings_.renew_every_ms;
     }

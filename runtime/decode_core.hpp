@@ -11,6 +11,7 @@
 #include "messages/catalogue.hpp"
 #include "runtime/block_manager.hpp"
 #include "runtime/engine.hpp"
+#include "runtime/kv_stream.hpp"
 #include "runtime/outbox.hpp"
 
 namespace duet {
@@ -36,6 +37,8 @@ class decode_core {
 
   void on_adopt(const msg::envelope& env, const msg::kv_adopt& m, int64_t now_ms);
   void on_moved(const msg::kv_moved& m, int64_t now_ms);
+  /// A chunk of KV bytes on the stream path; the last one completes the pull.
+  void on_chunk(const msg::envelope& env, const msg::kv_chunk& m, int64_t now_ms);
   void on_cancel(const msg::cancel_seq& m);
 
   [[nodiscard]] std::optional<std::chrono::nanoseconds> begin_step(int64_t now_ms);
@@ -65,7 +68,11 @@ class decode_core {
     int64_t next_renew_ms = 0;
     bool cancelled = false;
     msg::finish_reason cancel_reason = msg::finish_reason::cancelled;
+    kv_stream_receiver receiver;  // the stream path's progress
   };
+  [[nodiscard]] sequence* find_by_handle(uint64_t handle_id);
+  /// The KV is in place: confirm to the broker and join the batch (or end if cancelled).
+  void kv_arrived(sequence& s, msg::kv_path path);
   void try_admit_waiting(int64_t now_ms);
   [[nodiscard]] uint32_t reserved_tokens(const sequence& s) const;
   void end(sequence& s, msg::finish_reason reason, msg::error_code code, const std::string& message);

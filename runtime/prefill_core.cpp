@@ -8,7 +8,8 @@ prefill_core::prefill_core(std::string self, prefill_settings settings, engine& 
     : settings_(std::move(settings)),
       engine_(engine),
       out_(std::move(self)),
-      pool_(settings_.kv_blocks, engine.info().block_tokens) {}
+      pool_(settings_.kv_blocks, engine.info().block_tokens),
+      sender_(engine, out_, settings_.stream) {}
 
 void prefill_core::on_request(const msg::envelope& env, const msg::prefill_request& m, int64_t now_ms) {
   msg::stage_failed refusal{m.seq_id, msg::finish_reason::error, msg::error_code::bad_request, {}};
@@ -130,6 +131,24 @@ void prefill_core::on_release(const msg::kv_release& m) {
   free_job(m.handle_id);
 }
 
+void prefill_core::on_kv_send(const std::string& from, const msg::kv_send& m) {
+  if (from != settings_.broker) {
+    ++counters_["sends_refused"];  // only the broker lends KV out
+    return;
+  }
+  auto it = jobs_.find(m.handle_id);
+  if (it == jobs_.end() || it->second.state != prefill_state::handed_over) {
+    // Released or reclaimed already: the adopter hears it now, not at its timeout.
+    ++counters_["sends_without_handle"];
+    out_.send(m.to, msg::kv_moved{m.handle_id, msg::kv_path::tcp, 0, msg::error_code::not_found,
+                                  "the KV owner no longer holds this handle"});
+    return;
+  }
+  sender_.start(m.handle_id, m.to, it->second.blocks);
+}
+
+void prefill_core::on_chunk_ack(const std::string& from, const msg::kv_chunk_ack& m) { sender_.on_ack(from, m); }
+
 void prefill_core::on_cancel(const msg::cancel_seq& m) {
   auto it = jobs_.find(m.seq_id);
   if (it == jobs_.end()) return;
@@ -185,9 +204,16 @@ void prefill_core::fail(job& j, msg::finish_reason reason, msg::error_code code,
 void prefill_core::free_job(uint64_t seq_id) {
   auto it = jobs_.find(seq_id);
   if (it == jobs_.end()) return;
+  sender_.stop(seq_id);  // never read blocks that went back to the pool
   pool_.free(it->second.blocks);
   engine_.release(seq_id);
   jobs_.erase(it);
+}
+
+std::map<std::string, uint64_t> prefill_core::counters() const {
+  auto all = counters_;
+  for (const auto& [name, value] : sender_.counters()) all[name] = value;
+  return all;
 }
 
 msg::load_report prefill_core::load() const {

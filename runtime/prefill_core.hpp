@@ -12,6 +12,7 @@
 #include "messages/catalogue.hpp"
 #include "runtime/block_manager.hpp"
 #include "runtime/engine.hpp"
+#include "runtime/kv_stream.hpp"
 #include "runtime/outbox.hpp"
 
 namespace duet {
@@ -24,6 +25,7 @@ struct prefill_settings {
   uint32_t max_batch = 64;        // sequences per step
   uint32_t register_timeout_ms = 5000;
   uint32_t lease_grace_ms = 2000;  // after the lease, the owner may reclaim by itself
+  kv_stream_settings stream;       // the stream transfer path, when the broker asks for it
 };
 
 /// Ordered states of a prompt in a prefill worker.
@@ -41,6 +43,9 @@ class prefill_core {
   void on_cancel(const msg::cancel_seq& m);
   void on_registered(const msg::kv_registered& m);
   void on_release(const msg::kv_release& m);
+  /// The broker chose the stream path: send this handle's blocks to the adopter.
+  void on_kv_send(const std::string& from, const msg::kv_send& m);
+  void on_chunk_ack(const std::string& from, const msg::kv_chunk_ack& m);
 
   /// Runs the engine on the next chunks. Returns how long the actor must wait before
   /// finish_step (sim engine), or nothing when there is no work.
@@ -52,7 +57,7 @@ class prefill_core {
   [[nodiscard]] outbox& out() { return out_; }
   [[nodiscard]] const block_manager& pool() const { return pool_; }
   [[nodiscard]] msg::load_report load() const;
-  [[nodiscard]] std::map<std::string, uint64_t> counters() const { return counters_; }
+  [[nodiscard]] std::map<std::string, uint64_t> counters() const;
   [[nodiscard]] bool step_in_flight() const { return !in_flight_.empty(); }
 
  private:
@@ -81,6 +86,7 @@ class prefill_core {
   engine& engine_;
   outbox out_;
   block_manager pool_;
+  kv_stream_sender sender_;
   std::unordered_map<uint64_t, job> jobs_;
   std::deque<uint64_t> queue_;  // waiting or partly prefilled, FCFS
   std::vector<planned> in_flight_;

@@ -4,7 +4,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libcaf-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev doctest-dev libtomlplusplus-dev
-  nlohmann-json3-dev libcli11-dev libpcre2-dev libutf8proc-dev libboost-dev libbenchmark-dev
+  nlohmann-json3-dev libcli11-dev libpcre2-dev libxxhash-dev libutf8proc-dev libboost-dev libbenchmark-dev
   python3 python3-venv python3-zmq python3-msgpack clang libclang-rt-dev curl
 )
 missing=()

@@ -141,6 +141,17 @@ inline kv_release sample(tag<kv_release>) { return {.handle_id = 9008, .reason =
 inline kv_nack sample(tag<kv_nack>) { return {.handle_id = 9009, .reason = "no free blocks"}; }
 inline kv_renew sample(tag<kv_renew>) { return {.handle_id = 9010}; }
 inline kv_drop sample(tag<kv_drop>) { return {.handle_id = 9011, .reason = "client cancelled"}; }
+inline kv_send sample(tag<kv_send>) { return {.handle_id = 9012, .to = "n2/decode1"}; }
+inline kv_chunk sample(tag<kv_chunk>) {
+  return {.handle_id = 9013,
+          .first = 4,
+          .count = 2,
+          .total = 9,
+          .layout_hash = 0xfeedface,
+          .checksum = 0x0123456789abcdefull,
+          .bytes = {std::byte{1}, std::byte{2}, std::byte{255}}};
+}
+inline kv_chunk_ack sample(tag<kv_chunk_ack>) { return {.handle_id = 9014, .received = 6}; }
 inline load_report sample(tag<load_report>) {
   return {.actor = "n1/decode0", .queued = 5, .running = 60, .free_blocks = 100, .total_blocks = 4096};
 }

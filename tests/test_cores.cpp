@@ -1419,7 +1419,10 @@ TEST_CASE("a failed transfer ends the sequence with the broker's error code") {
 TEST_CASE("a KV transfer that never completes times out with a nack") {
   decode_fixture d;
   (void)d.adopt(1, prompt_of(100), with_max_new(10));
-  CHECK(d.tick(t0 + 4999).empty());
+  const auto before = d.tick(t0 + 4999);
+  CHECK(count_of<msg::kv_nack>(before) == 0);
+  CHECK(count_of<msg::finish>(before) == 0);
+  CHECK(count_of<msg::kv_renew>(before) == 1);  // the lease is kept alive while pulling
   auto sent = d.tick(t0 + 5000);
   CHECK(count_of<msg::kv_nack>(sent) == 1);
   const auto f = only_finish(sent, 1);
@@ -1761,15 +1764,21 @@ TEST_CASE("an owner pulling its own handle keeps the blocks in the same pool") {
   CHECK(moved[0].body.bytes == 4 * 1024);
 }
 
-TEST_CASE("a pull between two pools of an engine with real KV is refused until a transfer path exists") {
+TEST_CASE("a pull between two pools of an engine with real KV asks the owner to stream the bytes") {
   broker_fixture b;
   b.core = duet::broker_core{broker_addr, duet::broker_settings{10000, "cpu"}};
   (void)b.register_handle(1);
   auto sent = b.pull(1, 4);
-  const auto moved = only_moved(sent);
-  CHECK(moved.code == msg::error_code::unavailable);
-  CHECK(moved.message.find("no KV transfer path") != std::string::npos);
-  only_release(sent, 1);  // the source gets its blocks back at once
+  CHECK(messages_of<msg::kv_moved>(sent).empty());  // the adopter hears from the owner's chunks
+  auto send = messages_of<msg::kv_send>(sent);
+  REQUIRE(send.size() == 1);
+  CHECK(send[0].dst == prefill_addr);
+  CHECK(send[0].body.handle_id == 1);
+  CHECK(send[0].body.to == decode_addr);
+  CHECK(b.core.bytes_in_flight() == 4 * 1024);
+  CHECK(b.core.counters().at("transfers_tcp") == 1);
+  only_release(b.confirm(1), 1);  // the adopter's confirm ends it as on every path
+  CHECK(b.core.bytes_in_flight() == 0);
   CHECK(b.core.live_handles() == 0);
 }
 
