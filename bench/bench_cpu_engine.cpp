@@ -3,6 +3,11 @@
 // 128256) and "small" (the SmolLM2-135M shape: 30 layers, hidden 576, 9 heads, 3 KV heads,
 // FFN 1536, vocabulary 49152, tied embeddings). docs/cpu-engine.md records the figures.
 //
+// With models/smollm2-135m-instruct-q4_1.gguf present (scripts/fetch-model.sh; or
+// $DUET_MODELS_DIR), also the real SmolLM2-135M-Instruct GGUF on the native path (Q4_1 blocks)
+// and on the fp32 path (dequantized): "gguf_native" and "gguf_f32";
+// bench/smollm2_vs_llamacpp.sh compares them with llama.cpp.
+//
 //   ./build-cpu/bench/bench_cpu_engine --benchmark_counters_tabular=true
 // DUET_BENCH_THREADS sets the engine's threads (default: all cores).
 #include <benchmark/benchmark.h>
@@ -18,6 +23,7 @@
 #include <vector>
 
 #include "runtime/cpu_engine.hpp"
+#include "runtime/gguf_model.hpp"
 #include "runtime/random_checkpoint.hpp"
 
 namespace {
@@ -49,12 +55,26 @@ const bench_model& model(const std::string& size) {
   return *m;
 }
 
+fs::path smollm2_path() {
+  const char* env = std::getenv("DUET_MODELS_DIR");
+  const fs::path dir = env != nullptr && *env != '\0' ? fs::path(env) : fs::path(DUET_SOURCE_DIR) / "models";
+  return dir / "smollm2-135m-instruct-q4_1.gguf";
+}
+
 duet::cpu_engine make_engine(const std::string& size) {
   duet::cpu_engine_params p;
   p.served_name = size;
   p.kv_blocks = 1024;
   p.max_context = 8192;
   if (const char* t = std::getenv("DUET_BENCH_THREADS")) p.threads = static_cast<uint32_t>(std::atoi(t));
+  if (size == "gguf_native") {
+    static const auto native = duet::load_gguf_native_shared(smollm2_path());
+    return duet::cpu_engine(native, p);
+  }
+  if (size == "gguf_f32") {
+    static const auto f32 = duet::load_gguf_model_shared(smollm2_path());
+    return duet::cpu_engine(f32, p);
+  }
   return duet::cpu_engine(model(size).weights, p);
 }
 
@@ -111,5 +131,17 @@ BENCHMARK_CAPTURE(prefill, tiny, std::string("tiny"))->Arg(128)->Arg(512)->Unit(
 BENCHMARK_CAPTURE(prefill, small, std::string("small"))->Arg(128)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(decode, tiny, std::string("tiny"))->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(decode, small, std::string("small"))->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The real model, when fetched.
+const bool smollm2_registered = [] {
+  if (!fs::exists(smollm2_path())) return false;
+  for (const char* kind : {"gguf_native", "gguf_f32"}) {
+    benchmark::RegisterBenchmark((std::string("prefill/") + kind).c_str(), prefill, std::string(kind))
+        ->Arg(128)->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark((std::string("decode/") + kind).c_str(), decode, std::string(kind))
+        ->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
+  return true;
+}();
 
 BENCHMARK_MAIN();

@@ -619,6 +619,19 @@ worker_pool::worker_pool(unsigned threads) {
   for (unsigned i = 1; i < threads; ++i) threads_.emplace_back([this, i] { work(i); });
 }
 
+namespace {
+
+// Busy-wait iterations before blocking: ~100 µs of pause instructions.
+constexpr int spin_iterations = 4000;
+
+inline void cpu_relax() {
+#ifdef DUET_CPU_X86
+  _mm_pause();
+#endif
+}
+
+}  // namespace
+
 worker_pool::~worker_pool() {
   {
     std::lock_guard lock(mutex_);
@@ -640,13 +653,14 @@ void worker_pool::run(std::size_t tasks, const std::function<void(std::size_t, u
     tasks_ = tasks;
     next_ = 0;
     error_ = nullptr;
-    busy_ = static_cast<unsigned>(threads_.size());
-    ++generation_;
+    busy_.store(static_cast<unsigned>(threads_.size()));
+    generation_.fetch_add(1);
   }
   wake_.notify_all();
   drain(0);
+  for (int i = 0; i < spin_iterations && busy_.load() != 0; ++i) cpu_relax();
   std::unique_lock lock(mutex_);
-  done_.wait(lock, [this] { return busy_ == 0; });
+  done_.wait(lock, [this] { return busy_.load() == 0; });
   job_ = nullptr;
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
@@ -654,15 +668,18 @@ void worker_pool::run(std::size_t tasks, const std::function<void(std::size_t, u
 void worker_pool::work(unsigned worker) {
   uint64_t seen = 0;
   while (true) {
+    for (int i = 0; i < spin_iterations && !stop_.load() && generation_.load() == seen; ++i) cpu_relax();
     {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      wake_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });
       if (stop_) return;
-      seen = generation_;
+      seen = generation_.load();
     }
     drain(worker);
-    std::lock_guard lock(mutex_);
-    if (--busy_ == 0) done_.notify_one();
+    if (busy_.fetch_sub(1) == 1) {
+      std::lock_guard lock(mutex_);
+      done_.notify_one();
+    }
   }
 }
 

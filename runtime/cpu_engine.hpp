@@ -88,7 +88,9 @@ struct paged_attention_params {
 /// Attention of query `token`, head `head`. `scratch` holds at least start + token + 1 floats.
 void paged_attention(const paged_attention_params& p, uint32_t token, uint32_t head, float* scratch);
 
-/// A small fixed pool of threads; the caller takes part in every run.
+/// A small fixed pool of threads; the caller takes part in every run. Between runs, workers
+/// spin for up to ~100 µs before sleeping (as OpenMP runtimes do), so the hundreds of short
+/// runs of one decode step do not each pay a futex wake-up.
 class worker_pool {
  public:
   /// `threads` workers in all, the calling thread included (at least 1).
@@ -113,9 +115,10 @@ class worker_pool {
   const std::function<void(std::size_t, unsigned)>* job_ = nullptr;
   std::size_t tasks_ = 0;
   std::atomic<std::size_t> next_{0};  // the next task to hand out
-  uint64_t generation_ = 0;
-  unsigned busy_ = 0;
-  bool stop_ = false;
+  // Changed under mutex_ (so sleepers cannot miss a change) but read without it while spinning.
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<unsigned> busy_{0};
+  std::atomic<bool> stop_{false};
   std::exception_ptr error_;
 };
 
