@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "runtime/safetensors.hpp"
+#include "runtime/tokenizer.hpp"
 
 namespace duet {
 
@@ -152,6 +153,22 @@ transformer_config random_checkpoint_config(const random_checkpoint_params& p) {
   c.head_dim = o.head_dim ? *o.head_dim : c.hidden_size / c.num_attention_heads;
   if (c.bos_token_id && static_cast<uint32_t>(*c.bos_token_id) >= c.vocab_size) c.bos_token_id.reset();
   std::erase_if(c.eos_token_ids, [&](int32_t id) { return static_cast<uint32_t>(id) >= c.vocab_size; });
+  if (p.special_ids_from_tokenizer && !p.tokenizer_dir.empty()) {
+    const tokenizer_spec tok = load_tokenizer_json(p.tokenizer_dir);
+    auto inside = [&](std::optional<int32_t> id) { return id && *id >= 0 && static_cast<uint32_t>(*id) < c.vocab_size; };
+    if (inside(tok.bos_id)) c.bos_token_id = tok.bos_id;
+    if (inside(tok.eos_id) && std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), *tok.eos_id) == c.eos_token_ids.end()) {
+      c.eos_token_ids.push_back(*tok.eos_id);
+    }
+  }
+  if (p.bos_token_id) {
+    if (*p.bos_token_id < 0 || static_cast<uint32_t>(*p.bos_token_id) >= c.vocab_size) {
+      throw std::runtime_error("random checkpoint: bos_token_id " + std::to_string(*p.bos_token_id) +
+                               " is outside the vocabulary");
+    }
+    c.bos_token_id = p.bos_token_id;
+  }
+  if (!p.eos_token_ids.empty()) c.eos_token_ids = p.eos_token_ids;
   c.torch_dtype = torch_dtype_of(dtype_of(p.dtype));
   c.validate("random checkpoint");
   return c;
@@ -169,6 +186,10 @@ random_checkpoint_result write_random_checkpoint(const std::filesystem::path& di
   fs::create_directories(dir);
 
   std::vector<st_write_entry> entries;
+  uint64_t bytes_done = 0;
+  const uint64_t* total_bytes = &result.weight_bytes;
+  const auto* progress = p.progress ? &p.progress : nullptr;
+  uint64_t* done = &bytes_done;
   const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
   for (const hf_tensor_spec& spec : hf_tensor_specs(result.config)) {
     const uint64_t key = random_tensor_key(p.seed, spec.name);
@@ -176,25 +197,29 @@ random_checkpoint_result write_random_checkpoint(const std::filesystem::path& di
     const double mean = norm ? 1.0 : 0.0;
     const double stddev = norm ? p.norm_stddev : p.stddev;
     result.weight_bytes += spec.n_elements() * element;
+    auto generate = [=](uint64_t first, std::span<std::byte> out) {
+      const uint64_t n = out.size() / element;
+      auto fill = [&](uint64_t begin, uint64_t end) {
+        for (uint64_t i = begin; i < end; ++i) {
+          const float v = stddev == 0.0 ? static_cast<float>(mean)
+                                        : random_tensor_value(key, first + i, mean, stddev);
+          store(type, v, out.data() + i * element);
+        }
+      };
+      if (n < (1u << 18) || threads == 1) {
+        fill(0, n);
+        return;
+      }
+      std::vector<std::thread> pool;
+      const uint64_t per = (n + threads - 1) / threads;
+      for (unsigned t = 0; t < threads; ++t) {
+        pool.emplace_back([&fill, t, per, n] { fill(std::min(n, t * per), std::min(n, (t + 1) * per)); });
+      }
+      for (auto& t : pool) t.join();
+    };
     entries.push_back({spec.name, type, spec.shape, [=](uint64_t first, std::span<std::byte> out) {
-                         const uint64_t n = out.size() / element;
-                         auto fill = [&](uint64_t begin, uint64_t end) {
-                           for (uint64_t i = begin; i < end; ++i) {
-                             const float v = stddev == 0.0 ? static_cast<float>(mean)
-                                                           : random_tensor_value(key, first + i, mean, stddev);
-                             store(type, v, out.data() + i * element);
-                           }
-                         };
-                         if (n < (1u << 18) || threads == 1) {
-                           fill(0, n);
-                           return;
-                         }
-                         std::vector<std::thread> pool;
-                         const uint64_t per = (n + threads - 1) / threads;
-                         for (unsigned t = 0; t < threads; ++t) {
-                           pool.emplace_back([&fill, t, per, n] { fill(std::min(n, t * per), std::min(n, (t + 1) * per)); });
-                         }
-                         for (auto& t : pool) t.join();
+                         generate(first, out);
+                         if (progress) (*progress)(*done += out.size(), *total_bytes);
                        }});
   }
 

@@ -13,6 +13,7 @@
 // i.e. an Irwin-Hall(4) approximation of N(0, stddev^2) with only exactly rounded operations.
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -53,11 +54,24 @@ struct random_checkpoint_params {
   std::filesystem::path tokenizer_dir;
   /// A checkpoint over this size is split into model-0000i-of-0000n.safetensors shards.
   uint64_t max_shard_bytes = 5'000'000'000;
+  /// With a tokenizer_dir, config.json follows the tokenizer copied beside it: its bos becomes
+  /// bos_token_id and its eos joins eos_token_id (ids inside the vocabulary), so the pair passes
+  /// check_vocab (runtime/vocab_check.hpp). The repository's Llama-3.1 tokenizer ends turns with
+  /// <|eot_id|> 128009, which R1-Distill-Llama-8B's config does not list.
+  bool special_ids_from_tokenizer = true;
+  /// Replace bos_token_id / eos_token_id after that (empty: keep them). Ids outside the
+  /// vocabulary are refused.
+  std::optional<int32_t> bos_token_id;
+  std::vector<int32_t> eos_token_ids;
+  /// Called after each piece of tensor data is generated: (bytes so far, bytes in all). From
+  /// the writing thread; may be empty.
+  std::function<void(uint64_t done, uint64_t total)> progress;
 };
 
 /// The config write_random_checkpoint would write (arch, size and overrides applied; bos/eos
-/// ids outside an overridden vocabulary dropped). Throws std::invalid_argument naming a bad
-/// arch, size or dtype, and std::runtime_error for an inconsistent shape.
+/// ids outside an overridden vocabulary dropped; the tokenizer's bos/eos taken, see above).
+/// Throws std::invalid_argument naming a bad arch, size or dtype, and std::runtime_error for an
+/// inconsistent shape or a tokenizer that does not load.
 [[nodiscard]] transformer_config random_checkpoint_config(const random_checkpoint_params& params);
 
 struct random_checkpoint_result {
