@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <random>
@@ -31,6 +32,7 @@
 #include "runtime/clock.hpp"
 #include "runtime/config.hpp"
 #include "runtime/latency_stats.hpp"
+#include "runtime/vocab_check.hpp"
 
 namespace duet {
 
@@ -1371,6 +1373,13 @@ std::unique_ptr<http_frontend> start_node_frontend(const deployment_config& conf
     if (const char* env = std::getenv("DUET_API_KEY")) settings.api_key = env;
   }
   auto codec = make_text_codec(config);
+  // The model and this tokenizer must agree (runtime/vocab_check.hpp). Whoever loads the model
+  // (apps/duet.cpp) has printed the check's warnings; here only a mismatch matters.
+  if (const auto* t = dynamic_cast<const tokenizer_text_codec*>(codec.get());
+      t && !config.model.path.empty() && std::filesystem::exists(std::filesystem::path(config.model.path) / "config.json")) {
+    (void)check_vocab(load_model_vocab(config.model.path), t->tok(),
+                      (std::filesystem::path(config.model.path) / "tokenizer.json").string());
+  }
   auto chat = make_chat_renderer(*codec);
   auto fe = std::make_unique<http_frontend>(std::move(settings), std::move(codec), std::move(chat));
   fe->start();
