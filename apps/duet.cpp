@@ -5,18 +5,30 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
+#include <iterator>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
 #include <thread>
 
 #include "actors/node.hpp"
 #include "runtime/clock.hpp"
 #include "runtime/client.hpp"
 #include "runtime/config.hpp"
+#include "runtime/http_api.hpp"
 #include "runtime/http_frontend.hpp"
 #include "runtime/load_driver.hpp"
+#include "runtime/random_checkpoint.hpp"
+#include "runtime/tokenizer.hpp"
 #include "runtime/version.hpp"
+#include "runtime/vocab_check.hpp"
 #include "sim/cli.hpp"
 
 namespace {
@@ -34,6 +46,24 @@ void install_signal_handlers() {
 
 duet::deployment_config load_or_default(const std::string& path) {
   return path.empty() ? duet::default_config() : duet::load_config(path);
+}
+
+/// A command line or input the user must fix: printed as "duet <command>: <what>", exit code 2.
+class usage_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Refuses a checkpoint whose tokenizer does not fit its model (runtime/vocab_check.hpp) before
+/// any weights load; prints the check's warnings. `duet up` checks once for its node processes
+/// and tells them so through the environment.
+void check_deployment_vocab(const duet::deployment_config& config) {
+  if (config.engine.kind == "sim" || config.model.path.empty()) return;
+  if (const char* done = std::getenv("DUET_VOCAB_CHECKED"); done && std::string_view(done) == config.model.path) return;
+  if (auto report = duet::check_model_dir_vocab(config.model.path)) {
+    for (const auto& w : report->warnings) std::fprintf(stderr, "duet: warning: %s\n", w.c_str());
+  }
+  setenv("DUET_VOCAB_CHECKED", config.model.path.c_str(), 1);
 }
 
 bool all_inproc(const duet::deployment_config& config) {
@@ -56,6 +86,7 @@ void wait_for_signal() {
 
 int run_node(const std::string& config_path, const std::string& name, const std::string& http, const std::string& api_key) {
   auto config = load_or_default(config_path);
+  check_deployment_vocab(config);
   caf::actor_system_config cfg;
   caf::actor_system system{cfg};
   duet::node n(system, config, name);
@@ -119,6 +150,7 @@ int run_up_processes(const std::string& config_path, const duet::deployment_conf
 
 int run_up(const std::string& config_path, bool threads, const std::string& http, const std::string& api_key) {
   auto config = load_or_default(config_path);
+  check_deployment_vocab(config);
   if (!threads && !all_inproc(config) && !config_path.empty()) return run_up_processes(config_path, config, http, api_key);
   caf::actor_system_config cfg;
   caf::actor_system system{cfg};
@@ -193,6 +225,7 @@ bool report_pools(duet::client& c, const duet::deployment_config& config, bool p
 
 int run_demo(const std::string& config_path, duet::burst_options options) {
   auto config = load_or_default(config_path);
+  check_deployment_vocab(config);
   caf::actor_system_config cfg;
   caf::actor_system system{cfg};
   auto nodes = start_nodes(system, config);
@@ -306,6 +339,399 @@ int run_stats(const std::string& config_path, uint32_t timeout_ms) {
   return 0;
 }
 
+// ------------------------------------------------------------------ duet model random
+
+/// A named shape for `duet model random --preset`: the library's arch and size, then overrides.
+struct random_preset {
+  const char* name;
+  const char* arch;
+  const char* size;
+  duet::shape_overrides overrides;
+  const char* what;
+};
+
+const std::vector<random_preset>& random_presets() {
+  static const std::vector<random_preset> presets = [] {
+    duet::shape_overrides qwen7b;  // DeepSeek-R1-Distill-Qwen-7B's config.json
+    qwen7b.hidden = 3584;
+    qwen7b.heads = 28;
+    qwen7b.kv_heads = 4;
+    qwen7b.ffn = 18944;
+    qwen7b.vocab = 152064;
+    return std::vector<random_preset>{
+        {"r1-distill-llama-8b", "llama", "full", {}, "32 layers, hidden 4096, vocab 128256, llama3 rope (16 GB bf16)"},
+        {"r1-distill-qwen-1.5b", "qwen2", "full", {}, "28 layers, hidden 1536, vocab 151936 (3.5 GB bf16)"},
+        {"r1-distill-qwen-7b", "qwen2", "full", qwen7b, "28 layers, hidden 3584, vocab 152064 (15 GB bf16)"},
+        {"smollm2-135m", "llama", "small", {}, "30 layers, hidden 576, vocab 49152, tied (needs its own tokenizer)"},
+        {"qwen2.5-0.5b", "qwen2", "small", {}, "24 layers, hidden 896, vocab 151936, tied"},
+        {"tiny-llama", "llama", "tiny", {}, "2 layers, hidden 64, the real Llama-3 vocabulary (tests)"},
+        {"tiny-qwen2", "qwen2", "tiny", {}, "2 layers, hidden 64, the real Qwen2 vocabulary (tests)"},
+    };
+  }();
+  return presets;
+}
+
+struct model_random_options {
+  std::string out;
+  std::string arch;  // "" = llama, or the preset's
+  std::string size = "full";
+  std::string preset;
+  uint64_t seed = 0;
+  std::string dtype = "bf16";
+  double stddev = 0.02;
+  double norm_stddev = 0.0;
+  std::string tokenizer;  // a directory or its tokenizer.json; "" = the repository's for the arch
+  bool no_tokenizer = false;
+  bool force = false;
+  uint64_t max_shard_bytes = 5'000'000'000;
+  // Shape overrides; an option given on the command line replaces the preset's value.
+  uint32_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0, vocab = 0, max_position = 0;
+  std::string tie;  // "" | "true" | "false"
+  std::vector<CLI::Option*> shape_options;  // in the order of the fields above
+};
+
+/// The repository's tokenizer for an architecture (tests/data/tokenizers), when this binary was
+/// built from a checkout that still has it.
+std::filesystem::path repository_tokenizer(const std::string& arch) {
+#ifdef DUET_SOURCE_DIR
+  const std::filesystem::path dir =
+      std::filesystem::path(DUET_SOURCE_DIR) / "tests/data/tokenizers" / (arch == "qwen2" ? "qwen3" : "llama3_1");
+  std::error_code ec;
+  if (std::filesystem::exists(dir / "tokenizer.json", ec)) return dir;
+#endif
+  (void)arch;
+  return {};
+}
+
+/// A directory holding tokenizer.json, from a directory or the file itself.
+std::filesystem::path tokenizer_dir_of(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path p(path);
+  if (fs::is_directory(p, ec)) {
+    if (!fs::exists(p / "tokenizer.json", ec)) throw usage_error("no tokenizer.json in " + path);
+    return p;
+  }
+  if (!fs::exists(p, ec)) throw usage_error(path + ": no such file or directory");
+  if (p.filename() != "tokenizer.json") {
+    throw usage_error(path + ": give a directory holding tokenizer.json, or the tokenizer.json file");
+  }
+  return p.has_parent_path() ? p.parent_path() : fs::path(".");
+}
+
+/// Refuses to write into a directory that holds anything but checkpoint files (without --force).
+void check_output_dir(const std::filesystem::path& dir, bool force) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return;
+  if (!fs::is_directory(dir, ec)) throw usage_error(dir.string() + " exists and is not a directory");
+  if (force) return;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    const bool checkpoint_file = name == "config.json" || name == "generation_config.json" ||
+                                 name.starts_with("tokenizer") || name == "special_tokens_map.json" ||
+                                 name.ends_with(".safetensors") || name == "model.safetensors.index.json";
+    if (!checkpoint_file) {
+      throw usage_error(dir.string() + " holds " + name +
+                        ", which is not a checkpoint file; choose an empty directory (or --force)");
+    }
+  }
+}
+
+std::string format_bytes(uint64_t bytes) {
+  char text[32];
+  if (bytes >= 1'000'000'000) std::snprintf(text, sizeof text, "%.2f GB", bytes / 1e9);
+  else if (bytes >= 1'000'000) std::snprintf(text, sizeof text, "%.1f MB", bytes / 1e6);
+  else std::snprintf(text, sizeof text, "%.1f kB", bytes / 1e3);
+  return text;
+}
+
+int run_model_random(const model_random_options& o) {
+  namespace fs = std::filesystem;
+  duet::random_checkpoint_params p;
+  p.arch = o.arch.empty() ? "llama" : o.arch;
+  p.size = o.size;
+  if (!o.preset.empty()) {
+    const auto& all = random_presets();
+    const auto it = std::find_if(all.begin(), all.end(), [&](const random_preset& r) { return o.preset == r.name; });
+    if (it == all.end()) {
+      std::string names;
+      for (const auto& r : all) names += std::string(names.empty() ? "" : ", ") + r.name;
+      throw usage_error("unknown preset '" + o.preset + "' (" + names + ")");
+    }
+    if (!o.arch.empty() && o.arch != it->arch) {
+      throw usage_error("--arch " + o.arch + " contradicts --preset " + o.preset + " (" + it->arch + ")");
+    }
+    p.arch = it->arch;
+    p.size = it->size;
+    p.overrides = it->overrides;
+  }
+  if (p.arch != "llama" && p.arch != "qwen2") throw usage_error("unknown --arch '" + p.arch + "' (llama, qwen2)");
+  if (p.size != "full" && p.size != "small" && p.size != "tiny") {
+    throw usage_error("unknown --size '" + p.size + "' (full, small, tiny)");
+  }
+  if (o.dtype != "bf16" && o.dtype != "f16" && o.dtype != "f32") {
+    throw usage_error("unknown --dtype '" + o.dtype + "' (bf16, f16, f32)");
+  }
+  const uint32_t model_random_options::*fields[] = {&model_random_options::layers,   &model_random_options::hidden,
+                                                    &model_random_options::heads,    &model_random_options::kv_heads,
+                                                    &model_random_options::head_dim, &model_random_options::ffn,
+                                                    &model_random_options::vocab,    &model_random_options::max_position};
+  std::optional<uint32_t>* targets[] = {&p.overrides.layers,   &p.overrides.hidden, &p.overrides.heads,
+                                        &p.overrides.kv_heads, &p.overrides.head_dim, &p.overrides.ffn,
+                                        &p.overrides.vocab,    &p.overrides.max_position};
+  for (std::size_t i = 0; i < std::size(fields); ++i) {
+    if (o.shape_options[i]->count() > 0) *targets[i] = o.*fields[i];
+  }
+  if (!o.tie.empty()) p.overrides.tie_word_embeddings = o.tie == "true";
+  p.seed = o.seed;
+  p.dtype = o.dtype;
+  p.stddev = o.stddev;
+  p.norm_stddev = o.norm_stddev;
+  p.max_shard_bytes = o.max_shard_bytes;
+
+  duet::transformer_config config;
+  try {
+    config = duet::random_checkpoint_config(p);
+  } catch (const std::exception& e) {
+    throw usage_error(e.what());  // an inconsistent shape is a bad command line
+  }
+
+  // The tokenizer: copied beside the weights; config.json's bos/eos then follow it, so the pair
+  // passes the vocab check that every loader runs.
+  bool defaulted = false;
+  if (!o.no_tokenizer) {
+    if (!o.tokenizer.empty()) {
+      p.tokenizer_dir = tokenizer_dir_of(o.tokenizer);
+    } else {
+      p.tokenizer_dir = repository_tokenizer(p.arch);
+      defaulted = !p.tokenizer_dir.empty();
+      if (p.tokenizer_dir.empty()) {
+        std::fprintf(stderr, "duet model random: no --tokenizer and no repository tokenizer here; writing none\n");
+      }
+    }
+  }
+  std::vector<std::string> warnings;
+  if (!p.tokenizer_dir.empty()) {
+    const fs::path tok_file = p.tokenizer_dir / "tokenizer.json";
+    duet::tokenizer_spec spec;
+    try {
+      spec = duet::load_tokenizer_json(p.tokenizer_dir);
+      config = duet::random_checkpoint_config(p);  // bos/eos now follow the tokenizer
+    } catch (const std::exception& e) {
+      throw usage_error(e.what());
+    }
+    try {
+      warnings = duet::check_vocab(duet::model_vocab_of(config, "the checkpoint's config.json"), spec, tok_file.string())
+                     .warnings;
+    } catch (const duet::vocab_mismatch_error& e) {
+      throw usage_error(std::string(e.what()) +
+                        (defaulted ? " (that tokenizer is the repository's default for --arch " + p.arch +
+                                         "; give --tokenizer with one that fits, or --no-tokenizer)"
+                                   : std::string()));
+    }
+  }
+
+  const fs::path out(o.out);
+  check_output_dir(out, o.force);
+  const bool tty = isatty(STDERR_FILENO);
+  if (tty) {
+    auto last = std::make_shared<int>(-1);
+    p.progress = [last, out](uint64_t done, uint64_t total) {
+      const int percent = total == 0 ? 100 : static_cast<int>(std::min<uint64_t>(100, done * 100 / total));
+      if (percent == *last) return;
+      *last = percent;
+      std::fprintf(stderr, "\r\033[Kduet model random: writing %s: %s of %s (%d%%)", out.c_str(),
+                   format_bytes(std::min(done, total)).c_str(), format_bytes(total).c_str(), percent);
+    };
+  }
+  const auto result = duet::write_random_checkpoint(out, p);
+  if (tty) {
+    const auto& c = result.config;
+    std::fprintf(stderr,
+                 "\r\033[Kduet model random: wrote %s: %s, %u layers, hidden %u, heads %u/%u, head_dim %u, ffn %u, "
+                 "vocab %u, %s, %s of weights in %zu files%s\n",
+                 out.c_str(), c.architecture.c_str(), c.num_hidden_layers, c.hidden_size, c.num_attention_heads,
+                 c.num_key_value_heads, c.head_dim, c.intermediate_size, c.vocab_size, o.dtype.c_str(),
+                 format_bytes(result.weight_bytes).c_str(), result.files.size(),
+                 p.tokenizer_dir.empty() ? ", no tokenizer" : (", tokenizer from " + p.tokenizer_dir.string()).c_str());
+    for (const auto& w : warnings) std::fprintf(stderr, "duet model random: note: %s\n", w.c_str());
+  }
+  return 0;
+}
+
+// ------------------------------------------------------------------ duet tokenize
+
+struct tokenize_options {
+  std::string tokenizer;  // a directory or tokenizer.json
+  std::string model;      // a checkpoint directory: its tokenizer, checked against its config.json
+  std::string input;      // TEXT, or "-" for stdin
+  bool decode = false;
+  bool add_special = false;
+  bool skip_special = false;
+  bool chat = false;
+  std::string system;
+  bool no_generation_prompt = false;
+  bool print_prompt = false;
+  bool json = false;
+  bool jsonl = false;
+};
+
+std::string read_stdin() {
+  std::ostringstream text;
+  text << std::cin.rdbuf();
+  return text.str();
+}
+
+/// Token ids written as a JSON array, or separated by spaces and/or commas.
+std::vector<int32_t> parse_ids(const std::string& text, const duet::tokenizer& tok) {
+  std::vector<int64_t> raw;
+  const auto first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && text[first] == '[') {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception&) {
+      throw usage_error("not a JSON array of token ids: " + text);
+    }
+    for (const auto& v : j) {
+      if (!v.is_number_integer()) throw usage_error("not a token id: " + v.dump());
+      raw.push_back(v.get<int64_t>());
+    }
+  } else {
+    std::string word;
+    std::istringstream in(text);
+    for (char c; in.get(c);) {
+      if (c == ',' || std::isspace(static_cast<unsigned char>(c))) c = ' ';
+      word += c;
+    }
+    std::istringstream words(word);
+    for (std::string w; words >> w;) {
+      std::size_t used = 0;
+      int64_t id = -1;
+      try {
+        id = std::stoll(w, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != w.size()) throw usage_error("not a token id: '" + w + "'");
+      raw.push_back(id);
+    }
+  }
+  std::vector<int32_t> ids;
+  for (int64_t id : raw) {
+    if (id < 0 || static_cast<uint64_t>(id) >= tok.vocab_size()) {
+      throw usage_error("token id " + std::to_string(id) + " is outside the tokenizer's vocabulary (0.." +
+                        std::to_string(tok.vocab_size() - 1) + ")");
+    }
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return ids;
+}
+
+std::string ids_text(const std::vector<int32_t>& ids, bool json) {
+  if (json) return nlohmann::json(ids).dump();
+  std::string out;
+  for (std::size_t i = 0; i < ids.size(); ++i) out += (i ? " " : "") + std::to_string(ids[i]);
+  return out;
+}
+
+int run_tokenize(const tokenize_options& o) {
+  namespace fs = std::filesystem;
+  fs::path dir;
+  if (!o.model.empty()) {
+    std::error_code ec;
+    if (!fs::is_directory(o.model, ec)) throw usage_error("--model " + o.model + ": not a checkpoint directory");
+    dir = tokenizer_dir_of(o.model);
+  } else {
+    dir = tokenizer_dir_of(o.tokenizer);
+  }
+  std::unique_ptr<duet::tokenizer> tok;
+  try {
+    tok = std::make_unique<duet::tokenizer>(duet::load_tokenizer_json(dir));
+  } catch (const std::exception& e) {
+    throw usage_error(e.what());
+  }
+  if (!o.model.empty() && fs::exists(fs::path(o.model) / "config.json")) {
+    const auto report =
+        duet::check_vocab(duet::load_model_vocab(o.model), *tok, (fs::path(o.model) / "tokenizer.json").string());
+    for (const auto& w : report.warnings) std::fprintf(stderr, "duet tokenize: warning: %s\n", w.c_str());
+  }
+
+  std::unique_ptr<duet::jinja_chat_renderer> chat;
+  if (o.chat) {
+    if (tok->chat_template().empty()) throw usage_error(dir.string() + " has no chat_template");
+    auto token_text = [&](std::optional<int32_t> id) { return id ? std::string(tok->id_to_token(*id)) : std::string(); };
+    try {
+      chat = std::make_unique<duet::jinja_chat_renderer>(tok->chat_template(), token_text(tok->bos_id()),
+                                                         token_text(tok->eos_id()));
+    } catch (const std::exception& e) {
+      throw usage_error("the chat template of " + dir.string() + " does not parse: " + e.what());
+    }
+  }
+  // One input (a text, a user message or messages, or ids) to one line of output.
+  auto convert = [&](const nlohmann::json& input, bool json) -> std::string {
+    if (o.decode) {
+      const auto ids = parse_ids(input.is_string() ? input.get<std::string>() : input.dump(), *tok);
+      const std::string text = tok->decode(ids, o.skip_special);
+      return json ? nlohmann::json(text).dump() : text;
+    }
+    std::string text;
+    bool add_special = o.add_special;
+    if (chat) {
+      std::vector<duet::chat_message> messages;
+      if (!o.system.empty()) messages.push_back({"system", o.system});
+      if (input.is_array()) {
+        for (const auto& m : input) {
+          if (!m.is_object() || !m.contains("role") || !m.contains("content") || !m["role"].is_string() ||
+              !m["content"].is_string()) {
+            throw usage_error("a chat message is an object with string role and content: " + m.dump());
+          }
+          messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+        }
+      } else {
+        messages.push_back({"user", input.get<std::string>()});
+      }
+      try {
+        text = chat->render(messages, !o.no_generation_prompt);
+      } catch (const std::invalid_argument& e) {
+        throw usage_error(e.what());
+      }
+      add_special = chat->add_special_tokens();  // the template writes bos itself
+      if (o.print_prompt) return json ? nlohmann::json(text).dump() : text;
+    } else {
+      if (!input.is_string()) throw usage_error("expected a JSON string, got " + input.dump());
+      text = input.get<std::string>();
+    }
+    return ids_text(tok->encode(text, add_special), json);
+  };
+
+  if (o.jsonl) {
+    std::string line;
+    for (uint64_t n = 1; std::getline(std::cin, line); ++n) {
+      if (line.empty()) continue;
+      nlohmann::json input;
+      try {
+        input = nlohmann::json::parse(line);
+      } catch (const nlohmann::json::exception&) {
+        throw usage_error("stdin line " + std::to_string(n) + " is not JSON");
+      }
+      if (!input.is_string() && !(input.is_array() && (o.decode || chat))) {
+        throw usage_error("stdin line " + std::to_string(n) + ": expected a JSON string" +
+                          (o.decode ? " or an array of ids" : chat ? " or an array of messages" : ""));
+      }
+      std::printf("%s\n", convert(input, true).c_str());
+    }
+    return 0;
+  }
+  if (o.input.empty()) throw usage_error("give TEXT, or - to read stdin (or --jsonl)");
+  const std::string text = o.input == "-" ? read_stdin() : o.input;
+  const std::string out = convert(nlohmann::json(text), o.json);
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  std::fputc('\n', stdout);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -357,9 +783,78 @@ int main(int argc, char** argv) {
   stats_cmd->add_option("--config", config_path, "deployment TOML file")->required();
   stats_cmd->add_option("--timeout-ms", stats_timeout_ms, "wait this long for replies");
 
+  auto* model_cmd = app.add_subcommand("model", "model checkpoints");
+  model_cmd->require_subcommand(1);
+  auto* random_cmd = model_cmd->add_subcommand(
+      "random", "write a random-weight Hugging Face checkpoint of a real shape (config.json, safetensors, tokenizer)");
+  model_random_options mr;
+  {
+    std::string preset_help = "a named shape, replacing --arch/--size:";
+    for (const auto& r : random_presets()) preset_help += std::string("\n  ") + r.name + ": " + r.what;
+    random_cmd->add_option("--out", mr.out, "checkpoint directory (created; an earlier checkpoint there is replaced)")
+        ->required();
+    random_cmd->add_option("--arch", mr.arch, "llama (R1-Distill-Llama-8B) or qwen2 (R1-Distill-Qwen-1.5B); default llama");
+    random_cmd->add_option("--size", mr.size, "full (the real shape), small (SmolLM2-135M / Qwen2.5-0.5B) or tiny (2 layers, hidden 64, real vocabulary)")
+        ->capture_default_str();
+    random_cmd->add_option("--preset", mr.preset, preset_help);
+    random_cmd->add_option("--seed", mr.seed, "weights are a pure function of (seed, tensor name, index)")->capture_default_str();
+    random_cmd->add_option("--dtype", mr.dtype, "bf16, f16 or f32")->capture_default_str();
+    random_cmd->add_option("--stddev", mr.stddev, "of every matrix, embedding and bias")->capture_default_str();
+    random_cmd->add_option("--norm-stddev", mr.norm_stddev, "norms are 1 + N(0, this)")->capture_default_str();
+    random_cmd->add_option("--tokenizer", mr.tokenizer,
+                           "copy tokenizer.json (+ tokenizer_config.json) from this directory or file (default: the "
+                           "repository's tests/data/tokenizers for the arch)");
+    random_cmd->add_flag("--no-tokenizer", mr.no_tokenizer, "write no tokenizer files");
+    random_cmd->add_flag("--force", mr.force, "write into a directory that holds other files");
+    random_cmd->add_option("--max-shard-bytes", mr.max_shard_bytes, "split larger checkpoints into shards + index")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    const std::pair<const char*, uint32_t*> shape[] = {
+        {"--layers", &mr.layers}, {"--hidden", &mr.hidden}, {"--heads", &mr.heads},
+        {"--kv-heads", &mr.kv_heads}, {"--head-dim", &mr.head_dim}, {"--ffn", &mr.ffn},
+        {"--vocab", &mr.vocab}, {"--max-position", &mr.max_position}};
+    for (const auto& [name, field] : shape) {
+      mr.shape_options.push_back(
+          random_cmd->add_option(name, *field, "replace the preset's value")->check(CLI::PositiveNumber)->group("Shape"));
+    }
+    random_cmd->add_option("--tie-word-embeddings", mr.tie, "true or false")
+        ->check(CLI::IsMember({"true", "false"}))
+        ->group("Shape");
+  }
+
+  auto* tokenize_cmd = app.add_subcommand(
+      "tokenize", "print the token ids of a text (or, with --decode, the text of ids), as the served model sees it");
+  tokenize_options tk;
+  {
+    auto* tok_opt = tokenize_cmd->add_option("--tokenizer", tk.tokenizer, "tokenizer.json, or a directory holding it");
+    auto* model_opt = tokenize_cmd->add_option(
+        "--model", tk.model, "a checkpoint directory: its tokenizer, checked against its config.json");
+    tok_opt->excludes(model_opt);
+    tokenize_cmd->add_option("input", tk.input, "TEXT, or - to read it from stdin");
+    tokenize_cmd->add_flag("--decode,--ids", tk.decode,
+                           "the input is token ids (space/comma separated, or a JSON array); print their text");
+    tokenize_cmd->add_flag("--add-special", tk.add_special, "prepend bos when the tokenizer says add_bos");
+    tokenize_cmd->add_flag("--skip-special", tk.skip_special, "--decode: leave special tokens out");
+    tokenize_cmd->add_flag("--chat", tk.chat,
+                           "the input is a user message: render the model's chat template (with the generation prompt), "
+                           "then tokenize");
+    tokenize_cmd->add_option("--system", tk.system, "--chat: a system message first");
+    tokenize_cmd->add_flag("--no-generation-prompt", tk.no_generation_prompt, "--chat: without the assistant prefix");
+    tokenize_cmd->add_flag("--print-prompt", tk.print_prompt, "--chat: print the rendered prompt instead of ids");
+    tokenize_cmd->add_flag("--json", tk.json, "print a JSON array of ids (JSON string with --decode)");
+    tokenize_cmd->add_flag("--jsonl", tk.jsonl,
+                           "read stdin line by line: a JSON string (with --decode an array of ids; with --chat also an "
+                           "array of {role, content}) per line; print one JSON value per line");
+  }
+
   duet::sim_commands sim_cmds(app);  // `duet sim` and `duet plan` (sim/cli.hpp)
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // prints help, the version, or the error
+    return rc == 0 ? 0 : 2;
+  }
   install_signal_handlers();
   try {
     if (*up) return run_up(config_path, threads, http, api_key);
@@ -368,8 +863,19 @@ int main(int argc, char** argv) {
     if (*client_cmd) return run_client(config_path, endpoint, router, prompt, tokens, max_new, temperature, timeout_ms);
     if (*stats_cmd) return run_stats(config_path, stats_timeout_ms);
     if (sim_cmds.selected()) return sim_cmds.run();
+    if (*random_cmd) return run_model_random(mr);
+    if (*tokenize_cmd) {
+      if (tk.tokenizer.empty() && tk.model.empty()) throw usage_error("give --tokenizer PATH or --model DIR");
+      return run_tokenize(tk);
+    }
   } catch (const duet::config_error& e) {
     std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  } catch (const usage_error& e) {
+    std::fprintf(stderr, "duet %s: %s\n", *random_cmd ? "model random" : *tokenize_cmd ? "tokenize" : "", e.what());
+    return 2;
+  } catch (const duet::vocab_mismatch_error& e) {
+    std::fprintf(stderr, "duet: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "duet: %s\n", e.what());
