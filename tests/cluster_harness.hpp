@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
@@ -143,6 +144,83 @@ struct client_log {
   std::map<uint64_t, request_log> requests;
   uint64_t token_batch_messages = 0;
   std::vector<msg::error> errors;  // refusals of malformed messages
+};
+
+// ------------------------------------------------------------------ an engine with KV bytes
+
+/// A sim engine whose pool really holds KV: each token's slot stores the token id. A decode
+/// step first checks that the slots of the whole history hold that history, and answers a
+/// wrong token when they do not, so a lost, reordered or corrupted transfer shows up in the
+/// tokens a client receives, exactly as it would with a real model.
+class kv_tracking_engine final : public engine {
+ public:
+  explicit kv_tracking_engine(std::unique_ptr<engine> inner) : inner_(std::move(inner)), info_(inner_->info()) {
+    info_.engine = "kv-tracking";
+    info_.block_bytes = uint64_t{info_.block_tokens} * sizeof(int32_t);
+  }
+  [[nodiscard]] const engine_info& info() const override { return info_; }
+
+  [[nodiscard]] step_output prefill(std::span<const prefill_chunk> chunks) override {
+    for (const auto& c : chunks) {
+      for (std::size_t i = 0; i < c.tokens.size(); ++i) slot(c.blocks, c.start + uint32_t(i)) = c.tokens[i];
+    }
+    return inner_->prefill(chunks);
+  }
+  [[nodiscard]] step_output decode(std::span<const decode_slot> slots) override {
+    std::vector<bool> intact(slots.size(), true);
+    for (std::size_t k = 0; k < slots.size(); ++k) {
+      const auto& h = slots[k].history;
+      for (std::size_t p = 0; p + 1 < h.size(); ++p) {
+        if (slot(slots[k].blocks, uint32_t(p)) != h[p]) {
+          intact[k] = false;
+          ++corrupt_reads_;
+          break;
+        }
+      }
+      slot(slots[k].blocks, uint32_t(h.size() - 1)) = h.back();
+    }
+    auto out = inner_->decode(slots);
+    for (std::size_t k = 0; k < slots.size(); ++k) {
+      if (!intact[k]) out.tokens[k] = (out.tokens[k] + 1) % int32_t(info_.vocab_size);
+    }
+    return out;
+  }
+  void release(uint64_t seq_id) override { inner_->release(seq_id); }
+  bool read_blocks(std::span<const uint32_t> blocks, std::span<std::byte> out) const override {
+    if (out.size() != blocks.size() * info_.block_bytes) return false;
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      const std::size_t at = std::size_t{blocks[i]} * info_.block_tokens;
+      if (at + info_.block_tokens > pool_.size()) return false;  // never written: not KV of ours
+      std::memcpy(out.data() + i * info_.block_bytes, pool_.data() + at, info_.block_bytes);
+    }
+    return true;
+  }
+  bool write_blocks(std::span<const uint32_t> blocks, std::span<const std::byte> in) override {
+    if (in.size() != blocks.size() * info_.block_bytes) return false;
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      grow(blocks[i]);
+      std::memcpy(pool_.data() + std::size_t{blocks[i]} * info_.block_tokens, in.data() + i * info_.block_bytes,
+                  info_.block_bytes);
+    }
+    return true;
+  }
+  [[nodiscard]] uint64_t corrupt_reads() const { return corrupt_reads_; }
+
+ private:
+  void grow(uint32_t block) {
+    const std::size_t need = (std::size_t{block} + 1) * info_.block_tokens;
+    if (pool_.size() < need) pool_.resize(need, -1);
+  }
+  int32_t& slot(std::span<const uint32_t> blocks, uint32_t position) {
+    const uint32_t block = blocks[position / info_.block_tokens];
+    grow(block);
+    return pool_[std::size_t{block} * info_.block_tokens + position % info_.block_tokens];
+  }
+
+  std::unique_ptr<engine> inner_;
+  engine_info info_;
+  std::vector<int32_t> pool_;
+  uint64_t corrupt_reads_ = 0;
 };
 
 // ------------------------------------------------------------------ the cluster
@@ -606,6 +684,8 @@ class cluster {
           else if constexpr (std::is_same_v<M, msg::cancel_seq>) core.on_cancel(m);
           else if constexpr (std::is_same_v<M, msg::kv_registered>) core.on_registered(m);
           else if constexpr (std::is_same_v<M, msg::kv_release>) core.on_release(m);
+          else if constexpr (std::is_same_v<M, msg::kv_send>) core.on_kv_send(e.src, m);
+          else if constexpr (std::is_same_v<M, msg::kv_chunk_ack>) core.on_chunk_ack(e.src, m);
           else handled = false;
         });
         flush(core.out());
@@ -617,6 +697,7 @@ class cluster {
           using M = std::decay_t<decltype(m)>;
           if constexpr (std::is_same_v<M, msg::kv_adopt>) core.on_adopt(e, m, now);
           else if constexpr (std::is_same_v<M, msg::kv_moved>) core.on_moved(m, now);
+          else if constexpr (std::is_same_v<M, msg::kv_chunk>) core.on_chunk(e, m, now);
           else if constexpr (std::is_same_v<M, msg::cancel_seq>) core.on_cancel(m);
           else handled = false;
         });
