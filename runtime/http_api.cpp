@@ -10,7 +10,10 @@
 
 #include "runtime/chat_template.hpp"
 #include "runtime/config.hpp"
+#include "runtime/gguf.hpp"
+#include "runtime/gguf_model.hpp"
 #include "runtime/tokenizer.hpp"
+#include "runtime/vocab_check.hpp"
 
 namespace duet {
 
@@ -453,13 +456,27 @@ std::shared_ptr<const text_codec> make_text_codec(const deployment_config& confi
     throw std::runtime_error("HTTP front end: engine '" + config.engine.kind +
                              "' needs a tokenizer, but model.path is empty");
   }
+  if (is_gguf_file(path)) {
+    return std::make_shared<tokenizer_text_codec>(std::make_shared<const tokenizer>(load_gguf_tokenizer(path)));
+  }
   std::error_code ec;
   const bool usable = fs::is_directory(path, ec) || path.extension() == ".json";
   if (!usable) {
-    throw std::runtime_error("HTTP front end: no tokenizer.json for model.path '" + path.string() +
-                             "' (give the HF checkpoint directory)");
+    throw std::runtime_error("HTTP front end: no tokenizer for model.path '" + path.string() +
+                             "' (give the HF checkpoint directory or a .gguf file)");
   }
   return std::make_shared<tokenizer_text_codec>(std::make_shared<const tokenizer>(load_tokenizer_json(path)));
+}
+
+std::optional<vocab_check_report> check_model_vocab(const deployment_config& config) {
+  if (config.engine.kind == "sim" || config.model.path.empty()) return std::nullopt;
+  const std::filesystem::path path = config.model.path;
+  if (is_gguf_file(path)) {
+    const gguf_file file(path);
+    return check_vocab(model_vocab_of(gguf_transformer_config(file), path.string() + " (GGUF metadata)"),
+                       gguf_read_tokenizer(file), path.string() + " (tokenizer.ggml.*)");
+  }
+  return check_model_dir_vocab(path);
 }
 
 // ------------------------------------------------------------------ chat

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "messages/catalogue.hpp"
+#include "runtime/vocab_check.hpp"
 
 namespace duet {
 
@@ -72,9 +73,18 @@ class tokenizer_text_codec final : public text_codec {
   std::shared_ptr<const tokenizer> tok_;
 };
 
-/// The codec a deployment's model needs: bytes for the sim engine, else the tokenizer.json
-/// found at model.path. Throws std::runtime_error naming the path when none can be loaded.
+/// The codec a deployment's model needs: bytes for the sim engine; for a GGUF model.path the
+/// tokenizer in its tokenizer.ggml.* metadata (with tokenizer.chat_template); else the
+/// tokenizer.json found at model.path. Throws std::runtime_error naming the path when none can
+/// be loaded.
 [[nodiscard]] std::shared_ptr<const text_codec> make_text_codec(const deployment_config& config);
+
+/// Checks that the deployment's model and the tokenizer make_text_codec would use fit
+/// (runtime/vocab_check.hpp): a GGUF's hyper-parameters against its own tokenizer.ggml.*, an
+/// HF directory's config.json against its tokenizer.json. nullopt when there is nothing to
+/// check (sim engine, no model.path, a directory without tokenizer.json). Throws
+/// vocab_mismatch_error for a pair that cannot work, std::runtime_error for unreadable files.
+[[nodiscard]] std::optional<vocab_check_report> check_model_vocab(const deployment_config& config);
 
 // ------------------------------------------------------------------ chat
 

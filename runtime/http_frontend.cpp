@@ -1373,13 +1373,10 @@ std::unique_ptr<http_frontend> start_node_frontend(const deployment_config& conf
     if (const char* env = std::getenv("DUET_API_KEY")) settings.api_key = env;
   }
   auto codec = make_text_codec(config);
-  // The model and this tokenizer must agree (runtime/vocab_check.hpp). Whoever loads the model
-  // (apps/duet.cpp) has printed the check's warnings; here only a mismatch matters.
-  if (const auto* t = dynamic_cast<const tokenizer_text_codec*>(codec.get());
-      t && !config.model.path.empty() && std::filesystem::exists(std::filesystem::path(config.model.path) / "config.json")) {
-    (void)check_vocab(load_model_vocab(config.model.path), t->tok(),
-                      (std::filesystem::path(config.model.path) / "tokenizer.json").string());
-  }
+  // The model and this tokenizer must agree (runtime/vocab_check.hpp): an HF directory's
+  // config.json and tokenizer.json, a GGUF's metadata and tokenizer.ggml.*. Whoever loads the
+  // model (apps/duet.cpp) has printed the check's warnings; here only a mismatch matters.
+  if (dynamic_cast<const tokenizer_text_codec*>(codec.get()) != nullptr) (void)check_model_vocab(config);
   auto chat = make_chat_renderer(*codec);
   auto fe = std::make_unique<http_frontend>(std::move(settings), std::move(codec), std::move(chat));
   fe->start();
