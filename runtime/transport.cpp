@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
 #include <future>
 #include <stdexcept>
 
@@ -18,6 +21,80 @@ zmq::context_t& zmq_context() {
 
 namespace {
 constexpr char hex_digits[] = "0123456789abcdef";
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+std::vector<std::string_view> split(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  for (std::size_t start = 0;;) {
+    const auto end = s.find(sep, start);
+    out.push_back(trim(s.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start)));
+    if (end == std::string_view::npos) return out;
+    start = end + 1;
+  }
+}
+
+template <class T>
+bool parse_number(std::string_view s, T& out) {
+  const auto r = std::from_chars(s.data(), s.data() + s.size(), out);
+  return r.ec == std::errc{} && r.ptr == s.data() + s.size();
+}
+
+bool parse_probability(std::string_view s, double& out) {
+  // from_chars for double is in libstdc++ 11+; strtod keeps older toolchains working.
+  const std::string text(s);
+  char* end = nullptr;
+  out = std::strtod(text.c_str(), &end);
+  return !text.empty() && end == text.c_str() + text.size() && out > 0.0 && out <= 1.0;
+}
+}  // namespace
+
+std::vector<transport_fault> parse_transport_faults(std::string_view text, uint64_t* seed) {
+  std::vector<transport_fault> faults;
+  if (trim(text).empty()) return faults;
+  for (const auto item : split(text, ',')) {
+    const auto bad = [&](const std::string& why) {
+      return std::invalid_argument("transport fault '" + std::string(item) + "': " + why);
+    };
+    const auto parts = split(item, ':');
+    if (parts[0] == "seed") {
+      uint64_t value = 0;
+      if (parts.size() != 2 || !parse_number(parts[1], value)) throw bad("write seed:N");
+      if (seed) *seed = value;
+      continue;
+    }
+    transport_fault f;
+    if (parts[0] == "drop") f.what = transport_fault::kind::drop;
+    else if (parts[0] == "delay") f.what = transport_fault::kind::delay;
+    else throw bad("starts with drop, delay or seed");
+    const std::size_t fixed = f.what == transport_fault::kind::drop ? 2 : 3;
+    if (parts.size() != fixed && parts.size() != fixed + 1) {
+      throw bad(f.what == transport_fault::kind::drop ? "write drop:TYPE[:PROBABILITY]"
+                                                      : "write delay:TYPE:MILLISECONDSms[:PROBABILITY]");
+    }
+    bool known = false;
+    for (uint32_t id = 0; id < 256 && !known; ++id) {
+      if (msg::to_string(static_cast<msg::type_id>(id)) == parts[1]) {
+        f.type = static_cast<uint16_t>(id);
+        known = true;
+      }
+    }
+    if (!known) throw bad("'" + std::string(parts[1]) + "' is not a message type of docs/protocol.md");
+    if (f.what == transport_fault::kind::delay) {
+      std::string_view ms = parts[2];
+      if (ms.ends_with("ms")) ms.remove_suffix(2);
+      if (!parse_number(ms, f.delay_ms)) throw bad("the delay is a whole number of milliseconds, e.g. 200ms");
+    }
+    if (parts.size() == fixed + 1 && !parse_probability(parts[fixed], f.probability)) {
+      throw bad("the probability is a number in (0, 1]");
+    }
+    faults.push_back(f);
+  }
+  return faults;
 }
 
 std::string transport::client_name(const std::string& identity) const {
@@ -46,6 +123,22 @@ std::string transport::client_identity(const std::string& name) {
 
 transport::transport(transport_settings settings, deliver_fn deliver)
     : settings_(std::move(settings)), deliver_(std::move(deliver)) {
+  std::string faults = settings_.faults;
+  if (faults.empty()) {
+    if (const char* env = std::getenv(transport_fault_env)) faults = env;
+  }
+  uint64_t seed = std::hash<std::string>{}(settings_.node);
+  try {
+    faults_ = parse_transport_faults(faults, &seed);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string(settings_.faults.empty() ? transport_fault_env : "faults") + ": " +
+                                e.what());
+  }
+  fault_rng_.seed(seed);
+  if (!faults_.empty()) {
+    std::fprintf(stderr, "duet node %s: transport fault injection on (%s)\n", settings_.node.c_str(),
+                 faults.c_str());
+  }
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw std::runtime_error("transport: eventfd failed");
 }
@@ -87,8 +180,10 @@ bool transport::send(outgoing message) {
     ++counters_.unroutable;
     return false;
   }
-  if (std::string_view(message.dst).substr(0, slash) == settings_.node &&
-      settings_.local_actors.contains(message.dst.substr(slash + 1))) {
+  const bool local = std::string_view(message.dst).substr(0, slash) == settings_.node &&
+                     settings_.local_actors.contains(message.dst.substr(slash + 1));
+  if (!faults_.empty() && inject_fault(message, local)) return true;
+  if (local) {
     deliver_local(std::move(message.frames));
     return true;
   }
@@ -107,6 +202,59 @@ bool transport::send(outgoing message) {
     [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof one);
   }
   return true;
+}
+
+bool transport::inject_fault(outgoing& message, bool local) {
+  const auto env = msg::decode_envelope(message.frames);
+  if (!env) return false;
+  std::lock_guard lock(mutex_);
+  for (const auto& f : faults_) {
+    if (f.type != env->type) continue;
+    if (f.probability < 1.0 && std::uniform_real_distribution<double>(0.0, 1.0)(fault_rng_) >= f.probability) continue;
+    const bool drop = f.what == transport_fault::kind::drop;
+    ++(drop ? counters_.fault_dropped : counters_.fault_delayed);
+    // One stderr line per fault (the first 200): tests and people read what was injected.
+    if (++fault_logged_ <= 200) {
+      std::fprintf(stderr, "duet node %s: transport fault: %s %s to %s%s\n", settings_.node.c_str(),
+                   drop ? "dropped" : "delayed", std::string(msg::to_string(static_cast<msg::type_id>(env->type))).c_str(),
+                   message.dst.c_str(), fault_logged_ == 200 ? " (further faults are counted, not logged)" : "");
+    }
+    if (drop) return true;
+    delayed_.push_back({std::chrono::steady_clock::now() + std::chrono::milliseconds(f.delay_ms), local,
+                        std::move(message)});
+    const uint64_t one = 1;  // the thread recomputes its wait
+    [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof one);
+    return true;
+  }
+  return false;
+}
+
+int64_t transport::release_delayed(zmq::socket_t& router) {
+  std::vector<delayed_message> due;
+  int64_t next_ms = -1;
+  {
+    std::lock_guard lock(mutex_);
+    if (delayed_.empty()) return -1;
+    const auto now = std::chrono::steady_clock::now();
+    std::vector<delayed_message> later;
+    for (auto& d : delayed_) {
+      if (d.due <= now) {
+        due.push_back(std::move(d));
+        continue;
+      }
+      const int64_t wait =
+          std::chrono::ceil<std::chrono::milliseconds>(d.due - now).count();
+      next_ms = next_ms < 0 ? wait : std::min(next_ms, wait);
+      later.push_back(std::move(d));
+    }
+    delayed_.swap(later);
+  }
+  // In the order they were held back, so equal delays keep their order.
+  for (auto& d : due) {
+    if (d.local) deliver_local(std::move(d.message.frames));
+    else route(router, d.message);
+  }
+  return next_ms;
 }
 
 void transport::deliver_local(msg::frames&& frames) {
@@ -138,10 +286,12 @@ void transport::run() {
     bind_result_->set_value(e.what());
     return;
   }
+  int64_t next_delayed_ms = -1;
   while (running_) {
     zmq::pollitem_t items[] = {{router.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
+    const int64_t wait_ms = next_delayed_ms < 0 ? 100 : std::min<int64_t>(100, next_delayed_ms);
     try {
-      zmq::poll(items, 2, std::chrono::milliseconds(100));
+      zmq::poll(items, 2, std::chrono::milliseconds(wait_ms));
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
       throw;
@@ -152,6 +302,7 @@ void transport::run() {
     }
     if (items[0].revents & ZMQ_POLLIN) receive(router);
     drain_outbound(router);
+    if (!faults_.empty()) next_delayed_ms = release_delayed(router);
   }
   peer_sockets_.clear();
 }

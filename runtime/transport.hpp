@@ -1,14 +1,18 @@
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <future>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <vector>
 
 #include <zmq.hpp>
 
@@ -20,6 +24,25 @@ namespace duet {
 /// The process-wide ZeroMQ context: the only thing sockets share (inproc:// needs one).
 [[nodiscard]] zmq::context_t& zmq_context();
 
+/// One fault a transport injects into the messages it sends: a testing aid (docs/protocol.md
+/// "Faults and what happens"), off unless asked for.
+struct transport_fault {
+  enum class kind : uint8_t { drop, delay };
+  kind what = kind::drop;
+  uint16_t type = 0;         // msg::type_id of the messages it applies to
+  double probability = 1.0;  // of applying to one such message, (0, 1]
+  uint32_t delay_ms = 0;     // kind::delay: how long the message is held back
+};
+
+/// Parses a fault list: comma-separated items `drop:TYPE[:P]`, `delay:TYPE:Nms[:P]` and
+/// `seed:N`, where TYPE is a message name of docs/protocol.md §4 and P a probability
+/// (default 1), e.g. "drop:kv_chunk:0.05,delay:kv_confirm:200ms". Empty text: no faults.
+/// Throws std::invalid_argument naming the item that does not parse.
+[[nodiscard]] std::vector<transport_fault> parse_transport_faults(std::string_view text, uint64_t* seed = nullptr);
+
+/// The environment variable a node's transport reads its faults from when its settings name none.
+inline constexpr const char* transport_fault_env = "DUET_TRANSPORT_FAULT";
+
 struct transport_settings {
   std::string node;                          // this node's name
   std::string endpoint;                      // bound by this node
@@ -29,6 +52,9 @@ struct transport_settings {
   uint32_t max_frame_bytes = 64u << 20;
   uint64_t compat_hash = 0;                  // sent in hello; mismatching peers are refused
   int send_hwm = 100000;
+  /// Testing aid: parse_transport_faults text applied to every send; "" reads
+  /// $DUET_TRANSPORT_FAULT once, at construction. Off (no faults) by default.
+  std::string faults;
 };
 
 /// Counters a node exports; every malformed or undeliverable message lands in one.
@@ -41,6 +67,8 @@ struct transport_counters {
   std::atomic<uint64_t> refused_incompatible{0};
   std::atomic<uint64_t> dropped_queue_full{0};
   std::atomic<uint64_t> dropped_peer_busy{0};
+  std::atomic<uint64_t> fault_dropped{0};  // injected faults (transport_settings::faults)
+  std::atomic<uint64_t> fault_delayed{0};
 };
 
 /// One node's ZeroMQ endpoint. A ROUTER socket is bound at the node's endpoint; messages
@@ -65,7 +93,8 @@ class transport {
   void start();
   void stop();
   /// Thread-safe. False when the outbound queue is full (backpressure) or the
-  /// destination is malformed; the message is then dropped and counted.
+  /// destination is malformed; the message is then dropped and counted. A message an
+  /// injected fault drops or delays counts as sent (true), as a lossy network would.
   bool send(outgoing message);
 
   [[nodiscard]] const transport_counters& counters() const { return counters_; }
@@ -80,6 +109,10 @@ class transport {
   void route(zmq::socket_t& router, outgoing& message);
   zmq::socket_t& peer_socket(const std::string& node, const std::string& endpoint);
   void deliver_local(msg::frames&& frames);
+  /// Applies the injected faults to one message: true when it was dropped or held back.
+  bool inject_fault(outgoing& message, bool local);
+  /// Sends the held-back messages whose time has come; returns ms until the next one (or -1).
+  int64_t release_delayed(zmq::socket_t& router);
   /// The actor name a client is addressed by on this node, and back.
   [[nodiscard]] std::string client_name(const std::string& identity) const;
   [[nodiscard]] static std::string client_identity(const std::string& name);
@@ -94,6 +127,16 @@ class transport {
   std::deque<outgoing> queue_;
   std::string bound_;
   std::promise<std::string>* bind_result_ = nullptr;
+  // Injected faults (testing aid); the delayed messages and the generator are under mutex_.
+  struct delayed_message {
+    std::chrono::steady_clock::time_point due;
+    bool local = false;
+    outgoing message;
+  };
+  std::vector<transport_fault> faults_;
+  std::mt19937_64 fault_rng_;
+  std::vector<delayed_message> delayed_;
+  uint64_t fault_logged_ = 0;
   // Owned by the transport thread:
   std::map<std::string, zmq::socket_t> peer_sockets_;
   std::map<std::string, bool> peer_compatible_;
