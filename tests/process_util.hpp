@@ -1,6 +1,8 @@
 #pragma once
 // Spawning `duet` node processes from tests: always reaped, even when a check fails.
+#include <fcntl.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,17 +13,32 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace duet::testing {
 
+/// What a child gets besides its arguments.
+struct child_options {
+  std::vector<std::pair<std::string, std::string>> env;  // set in the child only
+  std::string log;  // when set, the child's stdout and stderr are appended to this file
+};
+
 /// A child process killed (TERM, then KILL) and reaped when it goes out of scope.
 class child_process {
  public:
-  explicit child_process(std::vector<std::string> argv) {
+  explicit child_process(std::vector<std::string> argv, const child_options& options = {}) {
     pid_ = fork();
     if (pid_ == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
+      for (const auto& [name, value] : options.env) setenv(name.c_str(), value.c_str(), 1);
+      if (!options.log.empty()) {
+        const int fd = open(options.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+          dup2(fd, STDOUT_FILENO);
+          dup2(fd, STDERR_FILENO);
+        }
+      }
       std::vector<char*> args;
       for (auto& a : argv) args.push_back(a.data());
       args.push_back(nullptr);
@@ -34,7 +51,8 @@ class child_process {
   child_process& operator=(const child_process&) = delete;
   ~child_process() { stop(); }
 
-  /// SIGTERM, wait up to 5 s, then SIGKILL. Returns the exit status (or -1).
+  /// SIGTERM, wait up to 5 s, then SIGKILL. Returns the wait status (or -1 when it never ran),
+  /// also when running() already reaped the child.
   int stop() {
     if (pid_ <= 0) return exit_status_;
     kill(pid_, SIGTERM);
@@ -59,13 +77,22 @@ class child_process {
     waitpid(pid_, &exit_status_, 0);
     pid_ = -1;
   }
+  /// False once the child has exited; the first call that sees it reaps it and keeps its
+  /// status for stop().
   [[nodiscard]] bool running() const {
-    return pid_ > 0 && waitpid(pid_, nullptr, WNOHANG) == 0;
+    if (pid_ <= 0) return false;
+    int status = 0;
+    const pid_t got = waitpid(pid_, &status, WNOHANG);
+    if (got == 0) return true;
+    if (got == pid_) exit_status_ = status;
+    pid_ = -1;
+    return false;
   }
+  [[nodiscard]] pid_t pid() const { return pid_; }
 
  private:
-  pid_t pid_ = -1;
-  int exit_status_ = -1;
+  mutable pid_t pid_ = -1;
+  mutable int exit_status_ = -1;
 };
 
 /// A file removed when it goes out of scope.
