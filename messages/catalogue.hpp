@@ -238,6 +238,20 @@ struct kv_adopt {
 // ---------------------------------------------------------------- KV-handle broker
 
 /// The KV cache of one prefilled sequence, owned by one actor's pool.
+/// A KV pool another process on the same host can map: a CUDA IPC memory handle or a
+/// POSIX shared-memory name. `path` none: the pool is private (stream path only).
+struct kv_pool_export {
+  kv_path path = kv_path::none;
+  std::string host;    // boot id of the host; only processes there can map the pool
+  int32_t pid = 0;     // the exporting process (in-process adopters use `base` directly)
+  std::string handle;  // hex: cudaIpcMemHandle_t bytes, or the shm name
+  uint64_t base = 0;   // the pool's address in the exporting process
+  uint64_t pool_bytes = 0;
+  int32_t device = 0;  // CUDA ordinal of the pool
+  MSGPACK_DEFINE_MAP(path, host, pid, handle, base, pool_bytes, device);
+  friend bool operator==(const kv_pool_export&, const kv_pool_export&) = default;
+};
+
 struct kv_handle {
   uint64_t handle_id = 0;
   std::string owner;  // address of the actor whose pool holds the blocks
@@ -245,7 +259,8 @@ struct kv_handle {
   uint32_t token_count = 0;
   uint64_t layout_hash = 0;
   uint64_t bytes = 0;
-  MSGPACK_DEFINE_MAP(handle_id, owner, device, token_count, layout_hash, bytes);
+  kv_pool_export pool;  // how a process on the owner's host can read the blocks directly
+  MSGPACK_DEFINE_MAP(handle_id, owner, device, token_count, layout_hash, bytes, pool);
   friend bool operator==(const kv_handle&, const kv_handle&) = default;
 };
 
@@ -273,13 +288,16 @@ struct kv_pull {
   uint64_t handle_id = 0;
   uint64_t layout_hash = 0;
   int32_t device = 0;
+  std::string host;          // the adopter's host (boot id)
+  kv_path can_import = kv_path::none;  // the kind of exported pool the adopter can read
   std::vector<uint32_t> block_ids;  // raw frame
-  MSGPACK_DEFINE_MAP(handle_id, layout_hash, device);
+  MSGPACK_DEFINE_MAP(handle_id, layout_hash, device, host, can_import);
   auto raw() { return std::tie(block_ids); }
   friend bool operator==(const kv_pull&, const kv_pull&) = default;
 };
 
-/// Broker to decode: the KV is in place (ok) or will never be (error).
+/// Broker to decode: the KV is in place (ok), is to be copied from `source` (host_shm,
+/// cuda_ipc), or will never be (error).
 struct kv_moved {
   static constexpr type_id id = type_id::kv_moved;
   uint64_t handle_id = 0;
@@ -287,10 +305,22 @@ struct kv_moved {
   uint64_t bytes = 0;
   error_code code = error_code::none;
   std::string message;
-  MSGPACK_DEFINE_MAP(handle_id, path, bytes, code, message);
-  auto raw() { return std::tie(); }
+  kv_pool_export source;             // host_shm / cuda_ipc: the pool to copy from
+  std::vector<uint32_t> source_blocks;  // raw frame; host_shm / cuda_ipc: the handle's blocks there
+  MSGPACK_DEFINE_MAP(handle_id, path, bytes, code, message, source);
+  auto raw() { return std::tie(source_blocks); }
   friend bool operator==(const kv_moved&, const kv_moved&) = default;
 };
+
+/// A kv_moved that says the KV will never arrive.
+inline kv_moved kv_moved_failure(uint64_t handle_id, kv_path path, error_code code, std::string message) {
+  kv_moved m;
+  m.handle_id = handle_id;
+  m.path = path;
+  m.code = code;
+  m.message = std::move(message);
+  return m;
+}
 
 /// Decode to broker: the KV is mine now; the source may free its blocks.
 struct kv_confirm {

@@ -34,9 +34,14 @@ void broker_core::on_register(const std::string& from, const msg::kv_register& m
   out_.send(from, msg::kv_registered{id, now_ms + settings_.lease_ms});
 }
 
-msg::kv_path broker_core::choose_path(const entry& e, const std::string& adopter) const {
+msg::kv_path broker_core::choose_path(const entry& e, const std::string& adopter, const msg::kv_pull& pull) const {
   if (e.handle.owner == adopter) return msg::kv_path::same_pool;
   if (settings_.engine_kind == "sim") return msg::kv_path::none;
+  const auto& pool = e.handle.pool;
+  const bool same_host = !pool.host.empty() && pool.host == pull.host;
+  if (settings_.direct_paths && same_host && pool.path != msg::kv_path::none && pool.path == pull.can_import) {
+    return pool.path;  // the adopter maps the owner's pool and copies the blocks itself
+  }
   return msg::kv_path::tcp;
 }
 
@@ -73,7 +78,7 @@ void broker_core::on_pull(const std::string& from, const msg::kv_pull& m, int64_
   e.state = handle_state::transferring;
   e.lease_expiry_ms = now_ms + settings_.lease_ms;
   out_.send(e.handle.owner, msg::kv_registered{m.handle_id, e.lease_expiry_ms});  // the owner's lease moves too
-  reply.path = choose_path(e, from);
+  reply.path = choose_path(e, from, m);
   ++counters_[std::string("transfers_") + std::string(msg::to_string(reply.path))];
   if (reply.path == msg::kv_path::tcp) {
     // Bytes must move: the owner streams them to the adopter, whose last chunk completes
@@ -82,8 +87,13 @@ void broker_core::on_pull(const std::string& from, const msg::kv_pull& m, int64_
     out_.send(e.handle.owner, msg::kv_send{m.handle_id, from});
     return;
   }
-  // No copy on these paths (same pool, or the sim engine's accounting): in place at once.
   reply.bytes = reply.path == msg::kv_path::none ? 0 : e.handle.bytes;
+  if (reply.path == msg::kv_path::host_shm || reply.path == msg::kv_path::cuda_ipc) {
+    reply.source = e.handle.pool;
+    reply.source_blocks = e.blocks;
+  }
+  // Same pool or the sim engine's accounting: in place at once. Shared pools: the adopter
+  // copies, then confirms; the owner's blocks stay lent until then.
   out_.send(from, reply);
 }
 
@@ -140,7 +150,7 @@ void broker_core::reclaim(int64_t now_ms) {
     ++counters_["lease_expiries"];
     const auto& e = handles_.at(id);
     if (!e.adopter.empty()) {
-      out_.send(e.adopter, msg::kv_moved{id, msg::kv_path::none, 0, msg::error_code::timeout, "KV lease expired"});
+      out_.send(e.adopter, msg::kv_moved_failure(id, msg::kv_path::none, msg::error_code::timeout, "KV lease expired"));
     }
     release(id, handle_state::expired, "lease expired");
   }

@@ -17,6 +17,7 @@ enum class handle_state : uint8_t { registered, transferring, confirmed, release
 struct broker_settings {
   uint32_t lease_ms = 10000;
   std::string engine_kind = "sim";  // decides the transfer path
+  bool direct_paths = true;          // host_shm / cuda_ipc when both ends allow; else only the stream
 };
 
 /// Owns the life of every KV cache in flight: registration, leases, the transfer decision,
@@ -49,7 +50,7 @@ class broker_core {
     std::string adopter;
   };
   void release(uint64_t handle_id, handle_state final_state, const std::string& reason);
-  [[nodiscard]] msg::kv_path choose_path(const entry& e, const std::string& adopter) const;
+  [[nodiscard]] msg::kv_path choose_path(const entry& e, const std::string& adopter, const msg::kv_pull& pull) const;
 
   broker_settings settings_;
   outbox out_;

@@ -290,7 +290,8 @@ const std::vector<field<broker_config>>& broker_fields() {
       {"reclaim_interval_ms", &broker_config::reclaim_interval_ms},
       {"transfer_timeout_ms", &broker_config::transfer_timeout_ms},
       {"stream_chunk_bytes", &broker_config::stream_chunk_bytes},
-      {"stream_window", &broker_config::stream_window}};
+      {"stream_window", &broker_config::stream_window},
+      {"transfer", &broker_config::transfer}};
   return fields;
 }
 
@@ -329,6 +330,7 @@ const std::vector<std::string_view> root_keys{"model",  "engine",    "router",
 const std::vector<std::string_view> role_names{"router", "prefill", "decode", "broker"};
 const std::vector<std::string_view> engine_kinds{"sim", "cpu", "cuda"};
 const std::vector<std::string_view> router_policies{"least_loaded", "round_robin"};
+const std::vector<std::string_view> transfer_modes{"auto", "stream"};
 const std::vector<std::string_view> dtypes{"bf16", "f16", "f32"};
 
 template <class S>
@@ -744,6 +746,7 @@ class validator {
     at_least_one("broker.transfer_timeout_ms", b.transfer_timeout_ms);
     at_least_one("broker.stream_chunk_bytes", b.stream_chunk_bytes);
     at_least_one("broker.stream_window", b.stream_window);
+    choice("broker.transfer", b.transfer, transfer_modes);
     if (b.stream_chunk_bytes > config_.transport.max_frame_bytes / 2) {
       error("broker.stream_chunk_bytes",
             "must be at most half of transport.max_frame_bytes (" +

@@ -1,6 +1,7 @@
 #include "runtime/cpu_engine.hpp"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -743,12 +744,13 @@ cpu_engine::cpu_engine(std::shared_ptr<const model_weights> weights, std::shared
   const transformer_config& c = weights_->config;
   layout_ = kv_block_layout::make(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, params_.block_tokens);
   kv_bytes_ = layout_.block_bytes * params_.kv_blocks;
-  void* p = ::mmap(nullptr, kv_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
+  try {
+    kv_region_ = std::make_unique<shm_region>(kv_bytes_);
+  } catch (const std::exception& e) {
     throw std::runtime_error("cpu_engine: cannot allocate a KV pool of " + std::to_string(kv_bytes_) + " bytes (" +
-                             std::to_string(params_.kv_blocks) + " blocks)");
+                             std::to_string(params_.kv_blocks) + " blocks): " + e.what());
   }
-  kv_ = static_cast<float*>(p);
+  kv_ = reinterpret_cast<float*>(kv_region_->data());
 
   info_.engine = "cpu";
   info_.model = params_.served_name;
@@ -766,7 +768,6 @@ cpu_engine::cpu_engine(std::shared_ptr<const model_weights> weights, std::shared
 }
 
 cpu_engine::~cpu_engine() {
-  if (kv_) ::munmap(kv_, kv_bytes_);
 }
 
 const char* cpu_engine::kernel_name() { return kernels().name; }
@@ -1030,6 +1031,49 @@ bool cpu_engine::write_blocks(std::span<const uint32_t> blocks, std::span<const 
   }
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     std::memcpy(block_ptr(blocks[i]), in.data() + i * layout_.block_bytes, layout_.block_bytes);
+  }
+  return true;
+}
+
+msg::kv_pool_export cpu_engine::export_pool() const {
+  msg::kv_pool_export e;
+  if (host_boot_id().empty()) return e;  // unknown host: nobody can be sure to share it
+  e.path = msg::kv_path::host_shm;
+  e.host = host_boot_id();
+  e.pid = static_cast<int32_t>(::getpid());
+  e.handle = kv_region_->name();
+  e.base = reinterpret_cast<uint64_t>(kv_);
+  e.pool_bytes = kv_bytes_;
+  return e;
+}
+
+bool cpu_engine::import_blocks(const msg::kv_pool_export& from, std::span<const uint32_t> src,
+                               std::span<const uint32_t> dst, std::string& error) {
+  if (from.path != msg::kv_path::host_shm || from.host != host_boot_id()) {
+    error = "the source pool is not shared memory on this host";
+    return false;
+  }
+  if (src.size() > dst.size()) {
+    error = "fewer destination blocks than source blocks";
+    return false;
+  }
+  const uint64_t block_bytes = layout_.block_bytes;
+  for (uint32_t b : src) {
+    if ((uint64_t{b} + 1) * block_bytes > from.pool_bytes) {
+      error = "source block " + std::to_string(b) + " is outside the exported pool";
+      return false;
+    }
+  }
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    if (dst[i] >= params_.kv_blocks) {
+      error = "destination block " + std::to_string(dst[i]) + " is outside this pool";
+      return false;
+    }
+  }
+  const std::byte* base = imported_.map(from.handle, from.pool_bytes, error);
+  if (!base) return false;
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    std::memcpy(block_ptr(dst[i]), base + uint64_t{src[i]} * block_bytes, block_bytes);
   }
   return true;
 }

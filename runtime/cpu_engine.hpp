@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "runtime/engine.hpp"
+#include "runtime/kv_pool_share.hpp"
 #include "runtime/gguf_model.hpp"
 #include "runtime/hf_model.hpp"
 #include "runtime/sampler.hpp"
@@ -153,6 +154,11 @@ class cpu_engine final : public engine {
   /// or `out` is not blocks.size() * block_bytes long.
   bool read_blocks(std::span<const uint32_t> blocks, std::span<std::byte> out) const override;
   bool write_blocks(std::span<const uint32_t> blocks, std::span<const std::byte> in) override;
+  /// The pool lives in POSIX shared memory: another process on this host maps it read-only.
+  [[nodiscard]] msg::kv_pool_export export_pool() const override;
+  [[nodiscard]] msg::kv_path can_import() const override { return msg::kv_path::host_shm; }
+  bool import_blocks(const msg::kv_pool_export& from, std::span<const uint32_t> src, std::span<const uint32_t> dst,
+                     std::string& error) override;
 
   /// The sampled tokens of the last prefill or decode step, in step_output order, with their
   /// log-probabilities and top_logprobs.
@@ -189,8 +195,10 @@ class cpu_engine final : public engine {
   kv_block_layout layout_;
   rope_table rope_;
   worker_pool pool_;
-  float* kv_ = nullptr;  // kv_blocks * block_bytes, mmap'd (zero pages until touched)
+  std::unique_ptr<shm_region> kv_region_;  // the pool, shared (zero pages until touched)
+  float* kv_ = nullptr;                     // kv_region_'s bytes as floats
   uint64_t kv_bytes_ = 0;
+  mutable shm_mappings imported_;           // other processes' pools, mapped once each
 
   // Step workspace, reused across steps.
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;

@@ -1,5 +1,9 @@
 #include "runtime/cuda_engine.hpp"
 
+#include <unistd.h>
+
+#include "runtime/kv_pool_share.hpp"
+
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -473,6 +477,7 @@ cuda_engine::~cuda_engine() {
   for (auto& [bucket, g] : graphs_) {
     if (g.exec) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g.exec));
   }
+  for (auto& [handle, ptr] : opened_pools_) cudaIpcCloseMemHandle(ptr);
   if (pool_) cudaFree(pool_);
   buf_.reset();
   if (stream_) cudaStreamDestroy(as_stream(stream_));
@@ -1008,6 +1013,83 @@ bool cuda_engine::write_blocks(std::span<const uint32_t> blocks, std::span<const
     CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(pool_) + blocks[i] * info_.block_bytes,
                                in.data() + i * info_.block_bytes, info_.block_bytes,
                                cudaMemcpyHostToDevice, s));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  return true;
+}
+
+msg::kv_pool_export cuda_engine::export_pool() const {
+  msg::kv_pool_export e;
+  if (host_boot_id().empty()) return e;
+  if (ipc_handle_hex_.empty()) {
+    CUDA_CHECK(cudaSetDevice(params_.device));
+    cudaIpcMemHandle_t handle;
+    if (cudaIpcGetMemHandle(&handle, pool_) != cudaSuccess) {
+      cudaGetLastError();  // not shareable here (e.g. no IPC support): the stream path remains
+      return e;
+    }
+    ipc_handle_hex_ = to_hex(std::as_bytes(std::span(handle.reserved)));
+  }
+  e.path = msg::kv_path::cuda_ipc;
+  e.host = host_boot_id();
+  e.pid = static_cast<int32_t>(::getpid());
+  e.handle = ipc_handle_hex_;
+  e.base = reinterpret_cast<uint64_t>(pool_);
+  e.pool_bytes = (uint64_t{kv_blocks_} + 1) * info_.block_bytes;
+  e.device = params_.device;
+  return e;
+}
+
+bool cuda_engine::import_blocks(const msg::kv_pool_export& from, std::span<const uint32_t> src,
+                                std::span<const uint32_t> dst, std::string& error) {
+  if (from.path != msg::kv_path::cuda_ipc || from.host != host_boot_id()) {
+    error = "the source pool is not a CUDA IPC pool on this host";
+    return false;
+  }
+  if (src.size() > dst.size()) {
+    error = "fewer destination blocks than source blocks";
+    return false;
+  }
+  const uint64_t block_bytes = info_.block_bytes;
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    if ((uint64_t{src[i]} + 1) * block_bytes > from.pool_bytes) {
+      error = "source block " + std::to_string(src[i]) + " is outside the exported pool";
+      return false;
+    }
+    if (dst[i] >= kv_blocks_) {
+      error = "destination block " + std::to_string(dst[i]) + " is outside this pool";
+      return false;
+    }
+  }
+  CUDA_CHECK(cudaSetDevice(params_.device));
+  const char* base = nullptr;
+  if (from.pid == static_cast<int32_t>(::getpid())) {
+    base = reinterpret_cast<const char*>(from.base);  // IPC handles cannot be opened by their exporter
+  } else if (auto it = opened_pools_.find(from.handle); it != opened_pools_.end()) {
+    base = static_cast<const char*>(it->second);
+  } else {
+    cudaIpcMemHandle_t handle;
+    if (!from_hex(from.handle, std::as_writable_bytes(std::span(handle.reserved)))) {
+      error = "malformed CUDA IPC handle";
+      return false;
+    }
+    void* ptr = nullptr;
+    const cudaError_t err = cudaIpcOpenMemHandle(&ptr, handle, cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      error = std::string("cannot open the owner's CUDA IPC handle: ") + cudaGetErrorString(err);
+      return false;
+    }
+    opened_pools_[from.handle] = ptr;
+    base = static_cast<const char*>(ptr);
+  }
+  const cudaStream_t s = as_stream(stream_);
+  for (std::size_t i = 0; i < src.size();) {
+    std::size_t run = 1;  // blocks contiguous on both sides go in one copy
+    while (i + run < src.size() && src[i + run] == src[i] + run && dst[i + run] == dst[i] + run) ++run;
+    CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(pool_) + uint64_t{dst[i]} * block_bytes,
+                               base + uint64_t{src[i]} * block_bytes, run * block_bytes, cudaMemcpyDefault, s));
+    i += run;
   }
   CUDA_CHECK(cudaStreamSynchronize(s));
   return true;

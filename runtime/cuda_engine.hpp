@@ -59,6 +59,13 @@ class cuda_engine final : public engine {
   /// is not blocks.size() * block_bytes long.
   bool read_blocks(std::span<const uint32_t> blocks, std::span<std::byte> out) const override;
   bool write_blocks(std::span<const uint32_t> blocks, std::span<const std::byte> in) override;
+  /// The pool as a CUDA IPC memory handle (taken once): another process on this host opens it
+  /// and copies blocks device to device; an engine of this process uses the address itself.
+  [[nodiscard]] msg::kv_pool_export export_pool() const override;
+  [[nodiscard]] msg::kv_path can_import() const override { return msg::kv_path::cuda_ipc; }
+  /// Device-to-device copies on this engine's stream, contiguous runs in one call each.
+  bool import_blocks(const msg::kv_pool_export& from, std::span<const uint32_t> src, std::span<const uint32_t> dst,
+                     std::string& error) override;
 
   /// The sampled tokens of the last prefill or decode call, in step_output order, with their
   /// log-probabilities and top_logprobs (at most 32 each).
@@ -117,6 +124,8 @@ class cuda_engine final : public engine {
       1};  // rows whose requests have penalties are sampled on the host
   std::unordered_map<uint64_t, std::vector<int32_t>>
       prompt_tokens_;               // penalties: prompt seen so far
+  mutable std::string ipc_handle_hex_;           // cudaIpcGetMemHandle of pool_, taken on first export
+  std::map<std::string, void*> opened_pools_;    // other processes' pools, opened once each
   uint32_t attention_variant_ = 0;  // kernels/attention.cuh variant (DUET_CUDA_ATTN_VARIANT)
   uint64_t graph_steps_ = 0;
   uint64_t eager_steps_ = 0;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "runtime/kv_pool_share.hpp"
+
 namespace duet {
 
 decode_core::decode_core(std::string self, decode_settings settings, engine& engine)
@@ -68,6 +70,8 @@ void decode_core::try_admit_waiting(int64_t now_ms) {
     msg::kv_pull pull;
     pull.handle_id = s.handle_id;
     pull.layout_hash = s.layout_hash;
+    pull.host = host_boot_id();
+    pull.can_import = engine_.can_import();
     pull.block_ids = s.blocks;
     out_.send(settings_.broker, pull, s.deadline_ms);
   }
@@ -91,6 +95,19 @@ void decode_core::on_moved(const msg::kv_moved& m, int64_t now_ms) {
     out_.send(settings_.broker, msg::kv_nack{m.handle_id, "transfer failed: " + m.message});
     end(*s, msg::finish_reason::error, m.code, "KV transfer failed: " + m.message);
     return;
+  }
+  if (m.path == msg::kv_path::host_shm || m.path == msg::kv_path::cuda_ipc) {
+    // The broker lent us the owner's pool: copy the blocks from it ourselves.
+    std::string error;
+    if (m.source_blocks.size() > s->blocks.size() ||
+        !engine_.import_blocks(m.source, m.source_blocks, s->blocks, error)) {
+      if (error.empty()) error = "the handle holds more blocks than were reserved";
+      ++counters_["transfer_failures"];
+      out_.send(settings_.broker, msg::kv_nack{m.handle_id, "import failed: " + error});
+      end(*s, msg::finish_reason::error, msg::error_code::internal, "KV transfer failed: " + error);
+      return;
+    }
+    counters_["imported_bytes"] += m.bytes;
   }
   kv_arrived(*s, m.path);
 }

@@ -62,6 +62,18 @@ class engine {
   virtual bool read_blocks(std::span<const uint32_t> blocks, std::span<std::byte> out) const { return false; }
   /// Writes transferred KV bytes into `blocks` of this engine's pool.
   virtual bool write_blocks(std::span<const uint32_t> blocks, std::span<const std::byte> in) { return false; }
+  /// The pool as other processes on this host can map it (host_shm: cpu, cuda_ipc: cuda);
+  /// path none when it cannot be shared.
+  [[nodiscard]] virtual msg::kv_pool_export export_pool() const { return {}; }
+  /// The kind of exported pool this engine copies from (none: only the stream path).
+  [[nodiscard]] virtual msg::kv_path can_import() const { return msg::kv_path::none; }
+  /// Copies blocks `src` of the exported pool `from` into `dst` of this pool, in order.
+  /// False with `error` set when the pool cannot be mapped or a block is out of range.
+  virtual bool import_blocks(const msg::kv_pool_export& from, std::span<const uint32_t> src,
+                             std::span<const uint32_t> dst, std::string& error) {
+    error = "this engine cannot import KV pools";
+    return false;
+  }
 };
 
 /// Builds the engine the config asks for. Throws std::runtime_error with a reason.

@@ -61,8 +61,8 @@ void kv_stream_sender::pump(uint64_t handle_id, stream& s) {
     if (!engine_.read_blocks(std::span(s.blocks).subspan(chunk.first, chunk.count), chunk.bytes)) {
       // The adopter must not wait for the timeout: tell it now; it nacks, the broker releases.
       ++counters_["stream_read_failures"];
-      out_.send(s.to, msg::kv_moved{handle_id, msg::kv_path::tcp, 0, msg::error_code::internal,
-                                    "the KV owner could not read its blocks"});
+      out_.send(s.to, msg::kv_moved_failure(handle_id, msg::kv_path::tcp, msg::error_code::internal,
+                                            "the KV owner could not read its blocks"));
       streams_.erase(handle_id);
       return;
     }

@@ -88,8 +88,12 @@ void prefill_core::finish_step(int64_t now_ms) {
     j.state = prefill_state::registering;
     j.wait_until_ms = now_ms + settings_.register_timeout_ms;
     msg::kv_register reg;
-    reg.handle = {j.seq_id, out_.self(), 0, static_cast<uint32_t>(j.tokens.size()),
-                  engine_.info().layout_hash, j.blocks.size() * engine_.info().block_bytes};
+    reg.handle.handle_id = j.seq_id;
+    reg.handle.owner = out_.self();
+    reg.handle.token_count = static_cast<uint32_t>(j.tokens.size());
+    reg.handle.layout_hash = engine_.info().layout_hash;
+    reg.handle.bytes = j.blocks.size() * engine_.info().block_bytes;
+    reg.handle.pool = engine_.export_pool();
     reg.block_ids = j.blocks;
     out_.send(settings_.broker, reg, j.deadline_ms);
   }
@@ -140,8 +144,8 @@ void prefill_core::on_kv_send(const std::string& from, const msg::kv_send& m) {
   if (it == jobs_.end() || it->second.state != prefill_state::handed_over) {
     // Released or reclaimed already: the adopter hears it now, not at its timeout.
     ++counters_["sends_without_handle"];
-    out_.send(m.to, msg::kv_moved{m.handle_id, msg::kv_path::tcp, 0, msg::error_code::not_found,
-                                  "the KV owner no longer holds this handle"});
+    out_.send(m.to, msg::kv_moved_failure(m.handle_id, msg::kv_path::tcp, msg::error_code::not_found,
+                                          "the KV owner no longer holds this handle"));
     return;
   }
   sender_.start(m.handle_id, m.to, it->second.blocks);

@@ -114,27 +114,44 @@ inline kv_adopt sample(tag<kv_adopt>) {
           .sampling = sample_sampling(),
           .prompt = {128000, 791, 4320}};
 }
+inline kv_pool_export sample_pool_export() {
+  return {.path = kv_path::cuda_ipc,
+          .host = "0b3f6a2e-5c1d-4e8f-9a7b-1c2d3e4f5a6b",
+          .pid = 4242,
+          .handle = "00ff10ab",
+          .base = 0x7f0000000000ull,
+          .pool_bytes = 1ull << 36,
+          .device = 2};
+}
 inline kv_register sample(tag<kv_register>) {
   return {.handle = {.handle_id = 9003,
                      .owner = "n1/prefill0",
                      .device = 3,
                      .token_count = 4097,
                      .layout_hash = 0x99aabbccddeeff00ull,
-                     .bytes = 536870912},
+                     .bytes = 536870912,
+                     .pool = sample_pool_export()},
           .block_ids = {0, 1, 2, 4096, 0xfffffffeu}};
 }
 inline kv_registered sample(tag<kv_registered>) {
   return {.handle_id = 9004, .lease_expiry_ms = 1764420010000};
 }
 inline kv_pull sample(tag<kv_pull>) {
-  return {.handle_id = 9005, .layout_hash = 0x0f0f0f0f0f0f0f0full, .device = 1, .block_ids = {7, 8, 9}};
+  return {.handle_id = 9005,
+          .layout_hash = 0x0f0f0f0f0f0f0f0full,
+          .device = 1,
+          .host = "0b3f6a2e-5c1d-4e8f-9a7b-1c2d3e4f5a6b",
+          .can_import = kv_path::host_shm,
+          .block_ids = {7, 8, 9}};
 }
 inline kv_moved sample(tag<kv_moved>) {
   return {.handle_id = 9006,
           .path = kv_path::cuda_ipc,
           .bytes = 1ull << 40,
           .code = error_code::incompatible,
-          .message = "layout differs"};
+          .message = "layout differs",
+          .source = sample_pool_export(),
+          .source_blocks = {3, 1, 4}};
 }
 inline kv_confirm sample(tag<kv_confirm>) { return {.handle_id = 9007}; }
 inline kv_release sample(tag<kv_release>) { return {.handle_id = 9008, .reason = "confirmed"}; }

@@ -353,7 +353,7 @@ smshare = 0.5
 TEST_CASE("an unknown key unlike any known one lists the keys its table accepts") {
   CHECK_REJECTS("[broker]\ncolour = \"red\"\n" + one_node,
                 "t.toml:2:1: key 'broker.colour': unknown key (known keys here: lease_ms, "
-                "reclaim_interval_ms, transfer_timeout_ms, stream_chunk_bytes, stream_window)");
+                "reclaim_interval_ms, transfer_timeout_ms, stream_chunk_bytes, stream_window, transfer)");
   CHECK_REJECTS("title = \"x\"\n" + one_node, "t.toml:1:1: key 'title': unknown key");
 }
 

@@ -1279,7 +1279,7 @@ struct decode_fixture {
     return core.out().take();
   }
   std::vector<outgoing> moved(uint64_t handle, msg::error_code code = msg::error_code::none) {
-    core.on_moved(msg::kv_moved{handle, msg::kv_path::none, 0, code, code == msg::error_code::none ? "" : "failed"}, now);
+    core.on_moved(msg::kv_moved_failure(handle, msg::kv_path::none, code, code == msg::error_code::none ? "" : "failed"), now);
     return core.out().take();
   }
   std::vector<outgoing> cancel(uint64_t seq, msg::finish_reason reason = msg::finish_reason::cancelled) {
@@ -1652,7 +1652,11 @@ struct broker_fixture {
   std::vector<outgoing> register_handle(uint64_t id, uint32_t blocks = 4, uint64_t layout = 77,
                                         const std::string& owner = prefill_addr) {
     msg::kv_register m;
-    m.handle = {id, "someone-else", 0, blocks * 16, layout, blocks * 1024ull};
+    m.handle.handle_id = id;
+    m.handle.owner = "someone-else";
+    m.handle.token_count = blocks * 16;
+    m.handle.layout_hash = layout;
+    m.handle.bytes = blocks * 1024ull;
     m.block_ids.resize(blocks);
     std::iota(m.block_ids.begin(), m.block_ids.end(), 0u);
     core.on_register(owner, m, now);
@@ -1780,6 +1784,65 @@ TEST_CASE("a pull between two pools of an engine with real KV asks the owner to 
   only_release(b.confirm(1), 1);  // the adopter's confirm ends it as on every path
   CHECK(b.core.bytes_in_flight() == 0);
   CHECK(b.core.live_handles() == 0);
+}
+
+TEST_CASE("on one host the adopter copies from the owner's shared pool; elsewhere, or when told, the stream") {
+  auto shared_pool = [] {
+    msg::kv_pool_export e;
+    e.path = msg::kv_path::host_shm;
+    e.host = "boot-a";
+    e.pid = 10;
+    e.handle = "/duet-kv-10-0-1";
+    e.pool_bytes = 1 << 20;
+    return e;
+  };
+  auto pull_from = [](const std::string& host, msg::kv_path can_import) {
+    msg::kv_pull m;
+    m.handle_id = 1;
+    m.layout_hash = 77;
+    m.host = host;
+    m.can_import = can_import;
+    m.block_ids = {9, 8, 7, 6};
+    return m;
+  };
+  auto registered = [&](bool direct_paths) {
+    auto core = std::make_unique<duet::broker_core>(broker_addr, duet::broker_settings{10000, "cpu", direct_paths});
+    msg::kv_register reg;
+    reg.handle.handle_id = 1;
+    reg.handle.layout_hash = 77;
+    reg.handle.bytes = 4096;
+    reg.handle.pool = shared_pool();
+    reg.block_ids = {3, 1, 4, 2};
+    core->on_register(prefill_addr, reg, t0);
+    (void)core->out().take();
+    return core;
+  };
+  SUBCASE("same host, an adopter that maps shared memory: host_shm, with the source blocks") {
+    auto b = registered(true);
+    b->on_pull(decode_addr, pull_from("boot-a", msg::kv_path::host_shm), t0);
+    const auto moved = only_moved(b->out().take());
+    CHECK(moved.code == msg::error_code::none);
+    CHECK(moved.path == msg::kv_path::host_shm);
+    CHECK(moved.source == shared_pool());
+    CHECK(moved.source_blocks == std::vector<uint32_t>{3, 1, 4, 2});
+    CHECK(moved.bytes == 4096);
+    CHECK(b->bytes_in_flight() == 4096);  // lent until the adopter confirms
+  }
+  SUBCASE("another host: the stream") {
+    auto b = registered(true);
+    b->on_pull(decode_addr, pull_from("boot-b", msg::kv_path::host_shm), t0);
+    CHECK(count_of<msg::kv_send>(b->out().take()) == 1);
+  }
+  SUBCASE("an adopter that cannot import this kind of pool (a GPU pool to a CPU engine): the stream") {
+    auto b = registered(true);
+    b->on_pull(decode_addr, pull_from("boot-a", msg::kv_path::cuda_ipc), t0);
+    CHECK(count_of<msg::kv_send>(b->out().take()) == 1);
+  }
+  SUBCASE("broker.transfer = stream: the stream even on one host") {
+    auto b = registered(false);
+    b->on_pull(decode_addr, pull_from("boot-a", msg::kv_path::host_shm), t0);
+    CHECK(count_of<msg::kv_send>(b->out().take()) == 1);
+  }
 }
 
 TEST_CASE("a confirm releases the handle to its owner exactly once") {

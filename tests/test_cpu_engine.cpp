@@ -1059,6 +1059,48 @@ TEST_CASE("read_blocks/write_blocks move a sequence's KV to a second engine, whi
   }
 }
 
+TEST_CASE("import_blocks copies a sequence's KV out of another engine's shared-memory pool") {
+  cpu_engine a = make_tiny_engine("llama", 2, 64);
+  cpu_engine b = make_tiny_engine("llama", 1, 128);
+  msg::sampling_params sp;  // greedy
+  std::vector<int32_t> history = random_tokens(50, 9);
+  const std::vector<uint32_t> blocks_a = {9, 3, 40, 17, 22, 5};
+  const std::vector<uint32_t> blocks_b = {100, 0, 77, 1, 64, 65};
+  history.push_back(prefill_in_chunks(a, 5, history, blocks_a, 20, &sp).token);
+
+  const auto pool = a.export_pool();
+  REQUIRE(pool.path == msg::kv_path::host_shm);
+  CHECK(pool.handle.starts_with("/duet-kv-"));
+  CHECK(pool.pool_bytes == 64 * a.info().block_bytes);
+  CHECK(b.can_import() == msg::kv_path::host_shm);
+  std::string error;
+  const std::vector<uint32_t> used_a(blocks_a.begin(), blocks_a.begin() + 4);
+  const std::vector<uint32_t> used_b(blocks_b.begin(), blocks_b.begin() + 4);
+  REQUIRE(b.import_blocks(pool, used_a, used_b, error));
+  // Refusals name the problem and copy nothing.
+  CHECK_FALSE(b.import_blocks(pool, std::vector<uint32_t>{64}, std::vector<uint32_t>{0}, error));
+  CHECK(error.find("outside the exported pool") != std::string::npos);
+  CHECK_FALSE(b.import_blocks(pool, std::vector<uint32_t>{0}, std::vector<uint32_t>{128}, error));
+  CHECK(error.find("outside this pool") != std::string::npos);
+  auto elsewhere = pool;
+  elsewhere.host = "another-host";
+  CHECK_FALSE(b.import_blocks(elsewhere, used_a, used_b, error));
+  auto gone = pool;
+  gone.handle = "/duet-kv-1-0-0";
+  CHECK_FALSE(b.import_blocks(gone, used_a, used_b, error));
+  CHECK(error.find("cannot open shared memory") != std::string::npos);
+
+  std::vector<int32_t> history_b = history;
+  for (int step = 0; step < 10; ++step) {
+    const prefill_result ra = decode_one(a, 5, history, blocks_a, &sp);
+    const prefill_result rb = decode_one(b, 5, history_b, blocks_b, &sp);
+    CHECK(ra.token == rb.token);
+    CHECK(bitwise_equal(ra.logits, rb.logits));
+    history.push_back(ra.token);
+    history_b.push_back(rb.token);
+  }
+}
+
 TEST_CASE("a seeded request samples the same tokens whether prefilled in one chunk or many") {
   cpu_engine e = make_tiny_engine("qwen2");
   msg::sampling_params sp;

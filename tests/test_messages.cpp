@@ -561,7 +561,9 @@ TEST_CASE("frames over the size limit are refused") {
     REQUIRE_FALSE(body.ok());
     CHECK(body.error() ==
           "kv_nack body: frame of " + std::to_string(big_body[1].size()) + " bytes exceeds the limit");
-    auto big_raw = msg::encode(msg::envelope{}, msg::kv_pull{.block_ids = std::vector<uint32_t>(17)});
+    msg::kv_pull big;
+    big.block_ids.resize(17);
+    auto big_raw = msg::encode(msg::envelope{}, big);
     auto pull = msg::decode_body<msg::kv_pull>(big_raw, small);
     REQUIRE_FALSE(pull.ok());
     CHECK(pull.error() == "kv_pull: raw frame of 68 bytes exceeds the limit");

@@ -76,13 +76,6 @@ transfer_timeout_ms = 20000
 )";
 }
 
-/// Whether this build's config has broker.transfer (auto | stream): then the stream path is
-/// asked for explicitly where a test needs it.
-bool has_transfer_key() {
-  const auto keys = config_keys();
-  return std::find(keys.begin(), keys.end(), "broker.transfer") != keys.end();
-}
-
 std::string actor_toml(const std::string& name, const std::string& role) {
   std::string t = "[[nodes.actors]]\nname = \"" + name + "\"\nrole = \"" + role + "\"\n";
   if (role == "prefill" || role == "decode") {
@@ -298,11 +291,12 @@ TEST_CASE("a one-process cluster of CPU engines on SmolLM2 returns the tokens on
   n.stop();
 }
 
-TEST_CASE("a prefill node and a decode node in two processes over ipc return the single-engine tokens") {
-  if (!have_model()) return;
+/// Two processes over ipc: the tokens equal one engine's, through the path `transfer` picks.
+void serve_across_processes(bool stream) {
+  CAPTURE(stream);
   const std::string ep_p = "ipc:///tmp/" + unique("duet-pipe-p") + ".sock";
   const std::string ep_d = "ipc:///tmp/" + unique("duet-pipe-d") + ".sock";
-  testing::temp_file file(unique("duet-pipe") + ".toml", two_node_toml(ep_p, ep_d, has_transfer_key()));
+  testing::temp_file file(unique("duet-pipe") + ".toml", two_node_toml(ep_p, ep_d, stream));
   const auto config = load_config(file.path);
   const auto prompts = chat_prompts(config);
   const auto expected = reference_tokens(config, prompts);
@@ -316,13 +310,27 @@ TEST_CASE("a prefill node and a decode node in two processes over ipc return the
     INFO("prompt: " << questions[i]);
     CHECK(got[i] == expected[i]);
   }
-  // The KV crossed the process boundary as kv_chunk messages: the stream path.
   const auto stats = c.stats({"d/decode0", "p/broker"}, 2s);
   REQUIRE(stats.size() == 2);
-  CHECK(counter(stats, "p/broker", "transfers_tcp") == prompts.size());
-  CHECK(counter(stats, "d/decode0", "path_tcp") == prompts.size());
-  CHECK(counter(stats, "d/decode0", "stream_bytes_received") > 0);
+  if (stream) {
+    // The KV crossed the process boundary as kv_chunk messages.
+    CHECK(counter(stats, "p/broker", "transfers_tcp") == prompts.size());
+    CHECK(counter(stats, "d/decode0", "path_tcp") == prompts.size());
+    CHECK(counter(stats, "d/decode0", "stream_bytes_received") > 0);
+  } else {
+    // One host: the decode process mapped the prefill process's shared-memory pool and copied.
+    CHECK(counter(stats, "p/broker", "transfers_host_shm") == prompts.size());
+    CHECK(counter(stats, "d/decode0", "path_host_shm") == prompts.size());
+    CHECK(counter(stats, "d/decode0", "imported_bytes") > 0);
+    CHECK(counter(stats, "d/decode0", "stream_bytes_received") == 0);
+  }
   CHECK(counter(stats, "d/decode0", "transfer_failures") == 0);
   std::string detail;
   CHECK_MESSAGE(pools_return_to_full(c, {"p/prefill0", "d/decode0", "p/broker"}, detail), detail);
+}
+
+TEST_CASE("a prefill node and a decode node in two processes over ipc return the single-engine tokens") {
+  if (!have_model()) return;
+  serve_across_processes(true);   // the stream path
+  serve_across_processes(false);  // shared memory between the processes
 }
