@@ -10,7 +10,8 @@ if(DUET_HAVE_CUDA)
     ${CMAKE_CURRENT_LIST_DIR}/silu_mul.cu ${CMAKE_CURRENT_LIST_DIR}/silu_mul_ref.cpp
     ${CMAKE_CURRENT_LIST_DIR}/attention.cu ${CMAKE_CURRENT_LIST_DIR}/attention_ref.cpp
     ${CMAKE_CURRENT_LIST_DIR}/gemm.cu ${CMAKE_CURRENT_LIST_DIR}/gemm_ref.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/sampling.cu ${CMAKE_CURRENT_LIST_DIR}/sampling_ref.cpp)
+    ${CMAKE_CURRENT_LIST_DIR}/sampling.cu ${CMAKE_CURRENT_LIST_DIR}/sampling_ref.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/kv_copy.cu)
   target_include_directories(duet_cuda_kernels PUBLIC ${PROJECT_SOURCE_DIR})
   target_link_libraries(duet_cuda_kernels PUBLIC CUDA::cudart CUDA::cublasLt PRIVATE duet_warnings)
   target_compile_options(duet_cuda_kernels PRIVATE

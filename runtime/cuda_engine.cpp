@@ -17,6 +17,7 @@
 #include "kernels/attention.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/gemm.cuh"
+#include "kernels/kv_copy.cuh"
 #include "kernels/kv_layout.hpp"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
@@ -478,6 +479,7 @@ cuda_engine::~cuda_engine() {
     if (g.exec) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g.exec));
   }
   for (auto& [handle, ptr] : opened_pools_) cudaIpcCloseMemHandle(ptr);
+  if (copy_ids_) cudaFree(copy_ids_);
   if (pool_) cudaFree(pool_);
   buf_.reset();
   if (stream_) cudaStreamDestroy(as_stream(stream_));
@@ -1083,14 +1085,23 @@ bool cuda_engine::import_blocks(const msg::kv_pool_export& from, std::span<const
     opened_pools_[from.handle] = ptr;
     base = static_cast<const char*>(ptr);
   }
+  if (src.empty()) return true;
   const cudaStream_t s = as_stream(stream_);
-  for (std::size_t i = 0; i < src.size();) {
-    std::size_t run = 1;  // blocks contiguous on both sides go in one copy
-    while (i + run < src.size() && src[i + run] == src[i] + run && dst[i + run] == dst[i] + run) ++run;
-    CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(pool_) + uint64_t{dst[i]} * block_bytes,
-                               base + uint64_t{src[i]} * block_bytes, run * block_bytes, cudaMemcpyDefault, s));
-    i += run;
+  if (!copy_ids_) {
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&copy_ids_), 2 * (uint64_t{kv_blocks_} + 1) * sizeof(uint32_t)));
   }
+  std::vector<uint32_t> ids(src.begin(), src.end());
+  ids.insert(ids.end(), dst.begin(), dst.begin() + static_cast<std::ptrdiff_t>(src.size()));
+  CUDA_CHECK(cudaMemcpyAsync(copy_ids_, ids.data(), ids.size() * sizeof(uint32_t), cudaMemcpyHostToDevice, s));
+  k::kv_copy_params copy;
+  copy.src_pool = base;
+  copy.dst_pool = pool_;
+  copy.src_blocks = copy_ids_;
+  copy.dst_blocks = copy_ids_ + src.size();
+  copy.count = static_cast<uint32_t>(src.size());
+  copy.block_bytes = block_bytes;
+  const auto launched = k::kv_copy_blocks(copy, s);
+  if (!launched.ok()) throw std::runtime_error("cuda_engine: " + launched.message());
   CUDA_CHECK(cudaStreamSynchronize(s));
   return true;
 }

@@ -63,7 +63,7 @@ class cuda_engine final : public engine {
   /// and copies blocks device to device; an engine of this process uses the address itself.
   [[nodiscard]] msg::kv_pool_export export_pool() const override;
   [[nodiscard]] msg::kv_path can_import() const override { return msg::kv_path::cuda_ipc; }
-  /// Device-to-device copies on this engine's stream, contiguous runs in one call each.
+  /// One gather kernel on this engine's stream copies every block (kernels/kv_copy.cuh).
   bool import_blocks(const msg::kv_pool_export& from, std::span<const uint32_t> src, std::span<const uint32_t> dst,
                      std::string& error) override;
 
@@ -126,6 +126,7 @@ class cuda_engine final : public engine {
       prompt_tokens_;               // penalties: prompt seen so far
   mutable std::string ipc_handle_hex_;           // cudaIpcGetMemHandle of pool_, taken on first export
   std::map<std::string, void*> opened_pools_;    // other processes' pools, opened once each
+  uint32_t* copy_ids_ = nullptr;                 // device: source then destination ids of an import
   uint32_t attention_variant_ = 0;  // kernels/attention.cuh variant (DUET_CUDA_ATTN_VARIANT)
   uint64_t graph_steps_ = 0;
   uint64_t eager_steps_ = 0;

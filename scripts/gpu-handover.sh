@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # KV handover on the GPU machine, in one command (docs/benchmarks.md, "KV handover"):
-#   build duet + bench_kv_handover -> handover time per path (bytes checked) ->
+#   build duet + bench_kv_handover -> the gather kernel's test -> handover time per path (bytes checked) ->
 #   a live prefill/decode pipeline of CUDA engines on one GPU, three ways: one process (the
 #   decode engine copies from the prefill pool's address), two processes over CUDA IPC, two
 #   processes over the stream path; their greedy tokens must be identical.
@@ -23,7 +23,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 echo "=== build ($(date +%T))"
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDUET_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DDUET_BENCH=ON >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-cmake --build "$BUILD" -j16 --target duet bench_kv_handover >"$OUT/build.log" 2>&1 || { grep -B2 -A8 error "$OUT/build.log" | head -80; exit 1; }
+cmake --build "$BUILD" -j16 --target duet bench_kv_handover test_cuda_kernels >"$OUT/build.log" 2>&1 || { grep -B2 -A8 error "$OUT/build.log" | head -80; exit 1; }
+
+echo "=== kv_copy kernel test ($(date +%T))"
+timeout 120 "$BUILD/tests/test_cuda_kernels" -tc='*kv_copy*' | tail -3
 
 echo "=== bench_kv_handover ($(date +%T))"
 timeout 300 "$BUILD/bench/bench_kv_handover" --json "$OUT/kv_handover.json" ${HANDOVER_ARGS:-}

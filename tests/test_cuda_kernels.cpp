@@ -12,6 +12,7 @@
 #include "kernels/attention.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/gemm.cuh"
+#include "kernels/kv_copy.cuh"
 #include "kernels/kv_layout.hpp"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
@@ -56,6 +57,34 @@ TEST_CASE("embedding_gather copies table rows and zeroes rows of out-of-range id
       CHECK(dout.download() == ref);  // exact
     }
   }
+}
+
+TEST_CASE("kv_copy_blocks copies every listed block, whole and in order, and touches no other") {
+  DUET_REQUIRE_GPU();
+  std::mt19937 rng(5);
+  // 2 MiB: the 8B model's block; 48 KiB + 16: a block that ends inside a CTA's piece.
+  for (uint64_t block_bytes : {uint64_t{2} << 20, uint64_t{49168}}) {
+    const uint32_t blocks = 40;
+    std::vector<uint32_t> src_pool(block_bytes / 4 * blocks), dst_pool(src_pool.size());
+    for (auto& w : src_pool) w = rng();
+    for (auto& w : dst_pool) w = rng();
+    std::vector<uint32_t> order(blocks);
+    std::iota(order.begin(), order.end(), 0u);
+    std::shuffle(order.begin(), order.end(), rng);
+    const std::vector<uint32_t> src(order.begin(), order.begin() + 13);
+    std::shuffle(order.begin(), order.end(), rng);
+    const std::vector<uint32_t> dst(order.begin(), order.begin() + 13);
+    dbuf<uint32_t> dsrc_pool(src_pool), ddst_pool(dst_pool), dsrc(src), ddst(dst);
+    ok(kv_copy_blocks({dsrc_pool.get(), ddst_pool.get(), dsrc.get(), ddst.get(), 13, block_bytes}, nullptr));
+    auto expected = dst_pool;
+    const uint64_t words = block_bytes / 4;
+    for (std::size_t i = 0; i < src.size(); ++i) {
+      std::copy_n(src_pool.begin() + static_cast<std::ptrdiff_t>(src[i] * words), words,
+                  expected.begin() + static_cast<std::ptrdiff_t>(dst[i] * words));
+    }
+    CHECK(ddst_pool.download() == expected);  // exact
+  }
+  CHECK_FALSE(kv_copy_blocks({nullptr, nullptr, nullptr, nullptr, 1, 24}, nullptr).ok());  // not a multiple of 16
 }
 
 TEST_CASE("add_rmsnorm matches Hugging Face's bf16 RMSNorm with and without the residual add") {
