@@ -1,6 +1,9 @@
 #include "actors/roles.hpp"
 
+#include <cstdio>
+
 #include "messages/dispatch.hpp"
+#include "runtime/http_api.hpp"
 #include "runtime/clock.hpp"
 
 namespace duet {
@@ -37,6 +40,8 @@ void reply_stats(transport& net, outbox& box, const msg::envelope& env, std::str
   reply.counters["transport_unroutable"] = c.unroutable;
   reply.counters["transport_refused_incompatible"] = c.refused_incompatible;
   reply.counters["transport_dropped"] = c.dropped_queue_full + c.dropped_peer_busy;
+  reply.counters["transport_fault_dropped"] = c.fault_dropped;
+  reply.counters["transport_fault_delayed"] = c.fault_delayed;
   box.send(env.src, reply);
 }
 
@@ -46,6 +51,20 @@ std::vector<int32_t> byte_tokens(const std::string& text) {
   out.reserve(text.size());
   for (unsigned char c : text) out.push_back(c);
   return out;
+}
+
+/// How the router turns a text prompt into token ids: the model's tokenizer (with its bos),
+/// or one token per byte for the sim engine. A model whose tokenizer cannot be loaded takes
+/// token ids only: text prompts become empty and are refused as bad requests.
+router_core::text_encoder prompt_encoder(const deployment_config& cfg) {
+  if (cfg.engine.kind == "sim") return byte_tokens;
+  try {
+    auto codec = make_text_codec(cfg);
+    return [codec](const std::string& text) { return codec->encode(text, true); };
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "duet: router: text prompts are refused (send prompt token ids): %s\n", e.what());
+    return [](const std::string&) { return std::vector<int32_t>{}; };
+  }
 }
 
 // ------------------------------------------------------------------ router
@@ -70,7 +89,7 @@ duet_actor::behavior_type router_behavior(duet_actor::stateful_pointer<router_st
   settings.max_new_tokens_limit = cfg.router.max_new_tokens_limit;
   settings.give_up_grace_ms = cfg.broker.transfer_timeout_ms;
   settings.worker_timeout_ms = cfg.transport.peer_timeout_ms;
-  self->state.core = std::make_unique<router_core>(context.address, settings, byte_tokens);
+  self->state.core = std::make_unique<router_core>(context.address, settings, prompt_encoder(cfg));
   self->state.context = context;
   self->send(self, tick_atom::value);
   return {

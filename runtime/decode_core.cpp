@@ -36,7 +36,9 @@ void decode_core::on_adopt(const msg::envelope& env, const msg::kv_adopt& m, int
   s.generated = 1;
   s.deadline_ms = env.deadline_ms;
   s.wait_until_ms = now_ms + settings_.transfer_timeout_ms;
-  s.next_renew_ms = now_ms + settings_.renew_every_ms;
+  // The broker's lease started at registration, possibly long ago: an adoption that must
+  // wait for memory renews it at the next tick, not a renewal period from now.
+  s.next_renew_ms = now_ms;
   if (m.layout_hash != engine_.info().layout_hash) {
     ++counters_["incompatible_adopts"];
     out_.send(settings_.broker, msg::kv_nack{m.handle_id, "KV layout differs from this decode worker's"});
@@ -66,6 +68,7 @@ void decode_core::try_admit_waiting(int64_t now_ms) {
     s.blocks = pool_.allocate(need);
     s.state = decode_state::pulling;
     s.wait_until_ms = now_ms + settings_.transfer_timeout_ms;
+    s.next_renew_ms = now_ms + settings_.renew_every_ms;  // the pull itself extends the lease
     waiting_.pop_front();
     msg::kv_pull pull;
     pull.handle_id = s.handle_id;
@@ -104,7 +107,7 @@ void decode_core::on_moved(const msg::kv_moved& m, int64_t now_ms) {
       if (error.empty()) error = "the handle holds more blocks than were reserved";
       ++counters_["transfer_failures"];
       out_.send(settings_.broker, msg::kv_nack{m.handle_id, "import failed: " + error});
-      end(*s, msg::finish_reason::error, msg::error_code::internal, "KV transfer failed: " + error);
+      end(*s, msg::finish_reason::error, msg::error_code::unavailable, "KV transfer failed: " + error);
       return;
     }
     counters_["imported_bytes"] += m.bytes;
@@ -122,7 +125,7 @@ void decode_core::on_chunk(const msg::envelope& env, const msg::kv_chunk& m, int
   if (status == kv_stream_receiver::status::failed) {
     ++counters_["transfer_failures"];
     out_.send(settings_.broker, msg::kv_nack{m.handle_id, s->receiver.error()});
-    end(*s, msg::finish_reason::error, msg::error_code::internal, "KV transfer failed: " + s->receiver.error());
+    end(*s, msg::finish_reason::error, msg::error_code::unavailable, "KV transfer failed: " + s->receiver.error());
     return;
   }
   counters_["stream_bytes_received"] += m.bytes.size();

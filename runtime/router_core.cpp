@@ -136,9 +136,12 @@ void router_core::on_prefill_done(const msg::prefill_done& m) {
                                       : msg::finish_reason::length;
     --workers_[r.decode].outstanding;
     r.decode.clear();
+    const std::string why = reason == msg::finish_reason::cancelled ? "cancelled"
+                            : reason == msg::finish_reason::timeout ? "deadline passed before decode"
+                                                                    : "";
     return answer_and_forget(r, reason,
                              reason == msg::finish_reason::timeout ? msg::error_code::timeout : msg::error_code::none,
-                             {}, 1);
+                             why, 1);
   }
   r.state = request_state::decoding;
   msg::kv_adopt adopt;
