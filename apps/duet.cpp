@@ -202,8 +202,28 @@ int run_up_processes(const std::string& config_path, const duet::deployment_conf
   return 0;
 }
 
-int run_up(const std::string& config_path, bool threads, const std::string& http, const std::string& api_key) {
-  auto config = load_or_default(config_path);
+/// The deployment `duet up` / `duet demo` run without --config: SmolLM2 on the CPU engine
+/// (the embedded default), or the H200 cost model with `--engine sim`.
+duet::deployment_config builtin_config(const std::string& engine, const std::string& command) {
+  if (engine == "sim") return duet::default_config();
+  if (engine.empty() || engine == "cpu") return local_cpu_config(default_model_path());
+  throw usage_error("--engine " + engine + ": the built-in " + command +
+                    " deployments are cpu and sim (give --config for others)");
+}
+
+int run_up(const std::string& config_path, const std::string& engine, bool threads, std::string http,
+           const std::string& api_key) {
+  duet::deployment_config config;
+  if (config_path.empty()) {
+    config = builtin_config(engine, "up");
+    // The embedded default is for a newcomer: it answers HTTP unless told otherwise.
+    if (http.empty() && config.engine.kind == "cpu") http = "127.0.0.1:8080";
+  } else {
+    config = duet::load_config(config_path);
+    if (!engine.empty() && engine != config.engine.kind) {
+      throw usage_error("--engine " + engine + " contradicts " + config_path + " (engine " + config.engine.kind + ")");
+    }
+  }
   require_model_file(config);
   check_deployment_vocab(config);
   if (!threads && !all_inproc(config) && !config_path.empty()) return run_up_processes(config_path, config, http, api_key);
@@ -484,12 +504,8 @@ int run_demo(const std::string& config_path, const std::string& engine, duet::bu
     if (!engine.empty() && engine != config.engine.kind) {
       throw usage_error("--engine " + engine + " contradicts " + config_path + " (engine " + config.engine.kind + ")");
     }
-  } else if (engine == "sim") {
-    config = duet::default_config();
-  } else if (engine.empty() || engine == "cpu") {
-    config = local_cpu_config(default_model_path());
   } else {
-    throw usage_error("--engine " + engine + ": the built-in deployments are cpu and sim (give --config for others)");
+    config = builtin_config(engine, "demo");
   }
   require_model_file(config);
   check_deployment_vocab(config);
@@ -1023,10 +1039,16 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::string config_path;
 
-  auto* up = app.add_subcommand("up", "start every node of a deployment on this host (default: built-in sim deployment)");
+  auto* up = app.add_subcommand(
+      "up",
+      "start every node of a deployment on this host (default: SmolLM2-135M-Instruct on the CPU engine, prefill and "
+      "decode actors, HTTP on 127.0.0.1:8080)");
   bool threads = false;
-  std::string http, api_key;
+  std::string http, api_key, up_engine;
   up->add_option("--config", config_path, "deployment TOML file");
+  up->add_option("--engine", up_engine,
+                 "without --config: cpu (SmolLM2, scripts/fetch-model.sh; default) or sim (H200 cost model, no compute)")
+      ->check(CLI::IsMember({"cpu", "sim"}));
   up->add_flag("--threads", threads, "run all nodes as threads of this process, even with ipc/tcp endpoints");
   up->add_option("--http", http, "serve the OpenAI-compatible HTTP API on HOST:PORT (the router's node)");
   up->add_option("--api-key", api_key, "require this Bearer key on /v1/* (default: env DUET_API_KEY)");
@@ -1157,7 +1179,7 @@ int main(int argc, char** argv) {
   }
   install_signal_handlers();
   try {
-    if (*up) return run_up(config_path, threads, http, api_key);
+    if (*up) return run_up(config_path, up_engine, threads, http, api_key);
     if (*node_cmd) return run_node(config_path, node_name, http, api_key);
     if (*demo) return run_demo(config_path, demo_engine, burst, chat_demo, demo_max_new->count() > 0);
     if (*client_cmd) return run_client(config_path, endpoint, router, co);
