@@ -6,8 +6,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <numbers>
 #include <string_view>
 #include <stdexcept>
@@ -745,12 +748,26 @@ cpu_engine::cpu_engine(std::shared_ptr<const model_weights> weights, std::shared
   layout_ = kv_block_layout::make(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, params_.block_tokens);
   kv_bytes_ = layout_.block_bytes * params_.kv_blocks;
   try {
-    kv_region_ = std::make_unique<shm_region>(kv_bytes_);
+    if (shm_region::fits(kv_bytes_)) {
+      kv_region_ = std::make_unique<shm_region>(kv_bytes_);
+      kv_ = reinterpret_cast<float*>(kv_region_->data());
+    } else {
+      static std::once_flag warned;
+      std::call_once(warned, [&] {
+        std::fprintf(stderr,
+                     "duet: cpu engine: /dev/shm has no room for a %.0f MiB KV pool; pools stay private, so "
+                     "handovers between processes use the stream path (give the container more /dev/shm to share)\n",
+                     kv_bytes_ / 1048576.0);
+      });
+      void* p = ::mmap(nullptr, kv_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) throw std::runtime_error(std::strerror(errno));
+      kv_private_ = p;
+      kv_ = static_cast<float*>(p);
+    }
   } catch (const std::exception& e) {
     throw std::runtime_error("cpu_engine: cannot allocate a KV pool of " + std::to_string(kv_bytes_) + " bytes (" +
                              std::to_string(params_.kv_blocks) + " blocks): " + e.what());
   }
-  kv_ = reinterpret_cast<float*>(kv_region_->data());
 
   info_.engine = "cpu";
   info_.model = params_.served_name;
@@ -768,6 +785,7 @@ cpu_engine::cpu_engine(std::shared_ptr<const model_weights> weights, std::shared
 }
 
 cpu_engine::~cpu_engine() {
+  if (kv_private_) ::munmap(kv_private_, kv_bytes_);
 }
 
 const char* cpu_engine::kernel_name() { return kernels().name; }
@@ -1037,7 +1055,7 @@ bool cpu_engine::write_blocks(std::span<const uint32_t> blocks, std::span<const 
 
 msg::kv_pool_export cpu_engine::export_pool() const {
   msg::kv_pool_export e;
-  if (host_boot_id().empty()) return e;  // unknown host: nobody can be sure to share it
+  if (!kv_region_ || host_boot_id().empty()) return e;  // private pool, or an unknown host
   e.path = msg::kv_path::host_shm;
   e.host = host_boot_id();
   e.pid = static_cast<int32_t>(::getpid());

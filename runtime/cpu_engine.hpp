@@ -195,7 +195,8 @@ class cpu_engine final : public engine {
   kv_block_layout layout_;
   rope_table rope_;
   worker_pool pool_;
-  std::unique_ptr<shm_region> kv_region_;  // the pool, shared (zero pages until touched)
+  std::unique_ptr<shm_region> kv_region_;  // the pool, shared (zero pages until touched), or
+  void* kv_private_ = nullptr;              // private memory when /dev/shm has no room
   float* kv_ = nullptr;                     // kv_region_'s bytes as floats
   uint64_t kv_bytes_ = 0;
   mutable shm_mappings imported_;           // other processes' pools, mapped once each

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -71,6 +72,17 @@ void remove_orphaned_regions() {
 
 }  // namespace
 
+namespace {
+std::atomic<uint64_t> live_region_bytes{0};
+}  // namespace
+
+bool shm_region::fits(uint64_t bytes) {
+  struct statvfs fs {};
+  if (::statvfs("/dev/shm", &fs) != 0) return false;
+  const uint64_t available = uint64_t{fs.f_bavail} * fs.f_frsize;
+  return bytes + live_region_bytes.load() <= available;
+}
+
 shm_region::shm_region(uint64_t bytes) : bytes_(bytes) {
   static std::atomic<uint32_t> counter{0};
   remove_orphaned_regions();
@@ -94,10 +106,14 @@ shm_region::shm_region(uint64_t bytes) : bytes_(bytes) {
     throw std::runtime_error("cannot map shared memory " + name_ + ": " + std::strerror(err));
   }
   data_ = static_cast<std::byte*>(p);
+  live_region_bytes += bytes;
 }
 
 shm_region::~shm_region() {
-  if (data_) ::munmap(data_, bytes_);
+  if (data_) {
+    ::munmap(data_, bytes_);
+    live_region_bytes -= bytes_;
+  }
   ::shm_unlink(name_.c_str());
 }
 

@@ -26,6 +26,10 @@ namespace duet {
 class shm_region {
  public:
   explicit shm_region(uint64_t bytes);
+  /// Whether /dev/shm has room for `bytes` more beside every region this process holds. A
+  /// tmpfs too small for a pool (Docker's default /dev/shm is 64 MiB) would kill the process
+  /// with SIGBUS when a page is first touched, so callers keep such a pool private instead.
+  [[nodiscard]] static bool fits(uint64_t bytes);
   ~shm_region();
   shm_region(const shm_region&) = delete;
   shm_region& operator=(const shm_region&) = delete;

@@ -1068,6 +1068,10 @@ TEST_CASE("import_blocks copies a sequence's KV out of another engine's shared-m
   const std::vector<uint32_t> blocks_b = {100, 0, 77, 1, 64, 65};
   history.push_back(prefill_in_chunks(a, 5, history, blocks_a, 20, &sp).token);
 
+  // Room for these pools in /dev/shm (so they are shared), none for an absurd one (so such a
+  // pool would stay private rather than die of SIGBUS when touched).
+  CHECK(shm_region::fits(1 << 20));
+  CHECK_FALSE(shm_region::fits(uint64_t{1} << 60));
   const auto pool = a.export_pool();
   REQUIRE(pool.path == msg::kv_path::host_shm);
   CHECK(pool.handle.starts_with("/duet-kv-"));
