@@ -42,21 +42,25 @@ using scores_fn = void (*)(const float* q, const float* rows, std::size_t n, std
 using weighted_sum_fn = void (*)(float* out, const float* weights, const float* rows, std::size_t n, std::size_t k);
 
 // ggml's 8-bit activation block (block_q8_0 without `s`, block_q8_1 with it): 32 values
-// qs * d, s = d * sum(qs); d and s are fp16. Kept 4-byte aligned here; ggml packs the same
-// fields.
+// qs * d, s = d * sum(qs); d and s are fp16 values, held here as the floats they convert to
+// (exactly), so the dot products do not convert them once per weight row.
 struct q8_block {
-  uint16_t d;
-  uint16_t s;
+  float d;
+  float s;
   int8_t qs[32];
 };
-// Dot product of one weight row (nb blocks of its ggml type) with one quantized activation row.
-using qdot_fn = float (*)(const std::byte* w, const q8_block* x, std::size_t nb);
+// Maximum activation rows per weight-row pass of the native block matmul (q_tile_fn).
+constexpr int max_q_tile_rows = 8;
+// out[r] = dot(one weight row of nb blocks of its ggml type, activation row x[r]) for r < R,
+// the table's entry R - 1: the weight row's blocks are unpacked once for all R rows, and each
+// out[r] is computed by exactly the operations of the one-row dot product (R = 1).
+using q_tile_fn = void (*)(const std::byte* w, const q8_block* const* x, std::size_t nb, float* out);
 
 struct kernel_table {
   tile_fn t24, t14, t21, t11;
   scores_fn scores;
   weighted_sum_fn weighted_sum;
-  qdot_fn dot_q4_0, dot_q4_1, dot_q8_0;
+  q_tile_fn q4_0[max_q_tile_rows], q4_1[max_q_tile_rows], q8_0[max_q_tile_rows];
   const char* name;
 };
 
@@ -117,8 +121,8 @@ void quantize_q8(const float* x, std::size_t nb, bool with_sum, q8_block* out) {
       out[b].qs[j] = static_cast<int8_t>(q);
       sum += q;
     }
-    out[b].d = float_to_fp16(d);
-    out[b].s = with_sum ? float_to_fp16(d * static_cast<float>(sum)) : 0;
+    out[b].d = round_to_fp16(d);
+    out[b].s = with_sum ? round_to_fp16(d * static_cast<float>(sum)) : 0.0f;
   }
 }
 
@@ -136,7 +140,7 @@ inline int nibble(const std::byte* qs, int j) {
 float dot_q4_0_generic(const std::byte* w, const q8_block* x, std::size_t nb) {
   float acc[8] = {};
   for (std::size_t b = 0; b < nb; ++b, w += 18) {
-    const float d = fp16_to_float(load_u16(w)) * fp16_to_float(x[b].d);
+    const float d = fp16_to_float(load_u16(w)) * x[b].d;
     for (int l = 0; l < 8; ++l) {
       int32_t sum = 0;
       for (int j = 4 * l; j < 4 * l + 4; ++j) sum += (nibble(w + 2, j) - 8) * x[b].qs[j];
@@ -150,8 +154,8 @@ float dot_q4_1_generic(const std::byte* w, const q8_block* x, std::size_t nb) {
   float acc[8] = {};
   float summs = 0.0f;
   for (std::size_t b = 0; b < nb; ++b, w += 20) {
-    summs += fp16_to_float(load_u16(w + 2)) * fp16_to_float(x[b].s);  // exact product (11 x 11 bits)
-    const float d = fp16_to_float(load_u16(w)) * fp16_to_float(x[b].d);
+    summs += fp16_to_float(load_u16(w + 2)) * x[b].s;  // exact product (11 x 11 bits)
+    const float d = fp16_to_float(load_u16(w)) * x[b].d;
     for (int l = 0; l < 8; ++l) {
       int32_t sum = 0;
       for (int j = 4 * l; j < 4 * l + 4; ++j) sum += nibble(w + 4, j) * x[b].qs[j];
@@ -164,7 +168,7 @@ float dot_q4_1_generic(const std::byte* w, const q8_block* x, std::size_t nb) {
 float dot_q8_0_generic(const std::byte* w, const q8_block* x, std::size_t nb) {
   float acc[8] = {};
   for (std::size_t b = 0; b < nb; ++b, w += 34) {
-    const float d = fp16_to_float(load_u16(w)) * fp16_to_float(x[b].d);
+    const float d = fp16_to_float(load_u16(w)) * x[b].d;
     const auto* qw = reinterpret_cast<const int8_t*>(w + 2);
     for (int l = 0; l < 8; ++l) {
       int32_t sum = 0;
@@ -173,6 +177,12 @@ float dot_q8_0_generic(const std::byte* w, const q8_block* x, std::size_t nb) {
     }
   }
   return hsum8(acc);
+}
+
+// The portable tiles: one dot product per activation row (the same operations as the AVX2 tiles).
+template <float (*Dot)(const std::byte*, const q8_block*, std::size_t), int R>
+void tile_q_generic(const std::byte* w, const q8_block* const* x, std::size_t nb, float* out) {
+  for (int r = 0; r < R; ++r) out[r] = Dot(w, x[r], nb);
 }
 
 #ifdef DUET_CPU_X86
@@ -196,38 +206,75 @@ DUET_AVX2 inline __m256 sum4_i8_avx2(__m256i a, __m256i b) {
 }
 DUET_AVX2 inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
-DUET_AVX2 float dot_q4_0_avx2(const std::byte* w, const q8_block* x, std::size_t nb) {
-  __m256 acc = _mm256_setzero_ps();
+// The tiles: the weight row's block is loaded and unpacked once per block (and, for the signed
+// types, its absolute values taken once: sum4_i8_avx2(qw, qx) = sum4_us8_avx2(|qw|, sign(qx, qw))),
+// then every activation row does the rest of ggml's per-block operations on its own accumulator.
+template <int R>
+DUET_AVX2 void tile_q4_0_avx2(const std::byte* w, const q8_block* const* x, std::size_t nb, float* out) {
+  __m256 acc[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (std::size_t b = 0; b < nb; ++b, w += 18) {
-    const __m256 d = _mm256_set1_ps(h2f(load_u16(w)) * h2f(x[b].d));
+    const float dw = h2f(load_u16(w));
     const __m256i qw = _mm256_sub_epi8(nibbles_avx2(w + 2), _mm256_set1_epi8(8));
-    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
-    acc = _mm256_fmadd_ps(d, sum4_i8_avx2(qw, qx), acc);
+    const __m256i aw = _mm256_sign_epi8(qw, qw);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const q8_block& xb = x[r][b];
+      const __m256 d = _mm256_set1_ps(dw * xb.d);
+      const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
+      acc[r] = _mm256_fmadd_ps(d, sum4_us8_avx2(aw, _mm256_sign_epi8(qx, qw)), acc[r]);
+    }
   }
-  return hsum8_avx2(acc);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) out[r] = hsum8_avx2(acc[r]);
 }
 
-DUET_AVX2 float dot_q4_1_avx2(const std::byte* w, const q8_block* x, std::size_t nb) {
-  __m256 acc = _mm256_setzero_ps();
-  float summs = 0.0f;
+template <int R>
+DUET_AVX2 void tile_q4_1_avx2(const std::byte* w, const q8_block* const* x, std::size_t nb, float* out) {
+  __m256 acc[R];
+  float summs[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    summs[r] = 0.0f;
+  }
   for (std::size_t b = 0; b < nb; ++b, w += 20) {
-    summs += h2f(load_u16(w + 2)) * h2f(x[b].s);
-    const __m256 d = _mm256_set1_ps(h2f(load_u16(w)) * h2f(x[b].d));
-    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
-    acc = _mm256_fmadd_ps(d, sum4_us8_avx2(nibbles_avx2(w + 4), qx), acc);
+    const float dw = h2f(load_u16(w));
+    const float mw = h2f(load_u16(w + 2));
+    const __m256i qw = nibbles_avx2(w + 4);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const q8_block& xb = x[r][b];
+      summs[r] += mw * xb.s;
+      const __m256 d = _mm256_set1_ps(dw * xb.d);
+      const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
+      acc[r] = _mm256_fmadd_ps(d, sum4_us8_avx2(qw, qx), acc[r]);
+    }
   }
-  return hsum8_avx2(acc) + summs;
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) out[r] = hsum8_avx2(acc[r]) + summs[r];
 }
 
-DUET_AVX2 float dot_q8_0_avx2(const std::byte* w, const q8_block* x, std::size_t nb) {
-  __m256 acc = _mm256_setzero_ps();
+template <int R>
+DUET_AVX2 void tile_q8_0_avx2(const std::byte* w, const q8_block* const* x, std::size_t nb, float* out) {
+  __m256 acc[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (std::size_t b = 0; b < nb; ++b, w += 34) {
-    const __m256 d = _mm256_set1_ps(h2f(load_u16(w)) * h2f(x[b].d));
+    const float dw = h2f(load_u16(w));
     const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 2));
-    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
-    acc = _mm256_fmadd_ps(d, sum4_i8_avx2(qw, qx), acc);
+    const __m256i aw = _mm256_sign_epi8(qw, qw);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const q8_block& xb = x[r][b];
+      const __m256 d = _mm256_set1_ps(dw * xb.d);
+      const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
+      acc[r] = _mm256_fmadd_ps(d, sum4_us8_avx2(aw, _mm256_sign_epi8(qx, qw)), acc[r]);
+    }
   }
-  return hsum8_avx2(acc);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) out[r] = hsum8_avx2(acc[r]);
 }
 #endif
 
@@ -367,15 +414,41 @@ const kernel_table& kernels() {
     __builtin_cpu_init();
     if (!generic_only && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c")) {
-      return kernel_table{tile_avx2<2, 4>, tile_avx2<1, 4>, tile_avx2<2, 1>, tile_avx2<1, 1>,
-                          scores_avx2,     weighted_sum_avx2, dot_q4_0_avx2, dot_q4_1_avx2,
-                          dot_q8_0_avx2,   "avx2+fma"};
+      return kernel_table{tile_avx2<2, 4>,
+                          tile_avx2<1, 4>,
+                          tile_avx2<2, 1>,
+                          tile_avx2<1, 1>,
+                          scores_avx2,
+                          weighted_sum_avx2,
+                          {tile_q4_0_avx2<1>, tile_q4_0_avx2<2>, tile_q4_0_avx2<3>, tile_q4_0_avx2<4>,
+                           tile_q4_0_avx2<5>, tile_q4_0_avx2<6>, tile_q4_0_avx2<7>, tile_q4_0_avx2<8>},
+                          {tile_q4_1_avx2<1>, tile_q4_1_avx2<2>, tile_q4_1_avx2<3>, tile_q4_1_avx2<4>,
+                           tile_q4_1_avx2<5>, tile_q4_1_avx2<6>, tile_q4_1_avx2<7>, tile_q4_1_avx2<8>},
+                          {tile_q8_0_avx2<1>, tile_q8_0_avx2<2>, tile_q8_0_avx2<3>, tile_q8_0_avx2<4>,
+                           tile_q8_0_avx2<5>, tile_q8_0_avx2<6>, tile_q8_0_avx2<7>, tile_q8_0_avx2<8>},
+                          "avx2+fma"};
     }
 #endif
     (void)generic_only;
-    return kernel_table{tile_generic<2, 4>, tile_generic<1, 4>, tile_generic<2, 1>, tile_generic<1, 1>,
-                        scores_generic,     weighted_sum_generic, dot_q4_0_generic, dot_q4_1_generic,
-                        dot_q8_0_generic,   "generic"};
+    constexpr auto q4_0 = dot_q4_0_generic;
+    constexpr auto q4_1 = dot_q4_1_generic;
+    constexpr auto q8_0 = dot_q8_0_generic;
+    return kernel_table{tile_generic<2, 4>,
+                        tile_generic<1, 4>,
+                        tile_generic<2, 1>,
+                        tile_generic<1, 1>,
+                        scores_generic,
+                        weighted_sum_generic,
+                        {tile_q_generic<q4_0, 1>, tile_q_generic<q4_0, 2>, tile_q_generic<q4_0, 3>,
+                         tile_q_generic<q4_0, 4>, tile_q_generic<q4_0, 5>, tile_q_generic<q4_0, 6>,
+                         tile_q_generic<q4_0, 7>, tile_q_generic<q4_0, 8>},
+                        {tile_q_generic<q4_1, 1>, tile_q_generic<q4_1, 2>, tile_q_generic<q4_1, 3>,
+                         tile_q_generic<q4_1, 4>, tile_q_generic<q4_1, 5>, tile_q_generic<q4_1, 6>,
+                         tile_q_generic<q4_1, 7>, tile_q_generic<q4_1, 8>},
+                        {tile_q_generic<q8_0, 1>, tile_q_generic<q8_0, 2>, tile_q_generic<q8_0, 3>,
+                         tile_q_generic<q8_0, 4>, tile_q_generic<q8_0, 5>, tile_q_generic<q8_0, 6>,
+                         tile_q_generic<q8_0, 7>, tile_q_generic<q8_0, 8>},
+                        "generic"};
   }();
   return table;
 }
@@ -451,39 +524,6 @@ void matmul(worker_pool& pool, const float* x, std::size_t m, std::size_t k, con
   });
 }
 
-// Native path: y = x w^T (+ bias) with w in a ggml block format. x's rows are first rounded to
-// ggml's activation blocks (Q8_1 for Q4_1 weights, Q8_0 otherwise) in `quantized`, then every
-// output is one dot product of a weight row and an activation row. Tasks are blocks of 16
-// weight rows; each streams its rows once for up to 32 activation rows.
-void block_matmul(worker_pool& pool, const float* x, std::size_t m, std::size_t k, const ggml_matrix& w,
-                  const float* bias, float* y, std::vector<std::byte>& quantized) {
-  const kernel_table& kt = kernels();
-  const std::size_t nb = k / 32;
-  const std::size_t n = w.rows;
-  quantized.resize(m * nb * sizeof(q8_block));
-  auto* xq = reinterpret_cast<q8_block*>(quantized.data());
-  const bool with_sum = w.type == ggml_type::q4_1;
-  for (std::size_t r = 0; r < m; ++r) quantize_q8(x + r * k, nb, with_sum, xq + r * nb);
-  const qdot_fn dot = w.type == ggml_type::q4_0 ? kt.dot_q4_0 : w.type == ggml_type::q4_1 ? kt.dot_q4_1 : kt.dot_q8_0;
-  const std::size_t row_bytes = w.row_bytes();
-  constexpr std::size_t col_block = 16;
-  constexpr std::size_t row_block = 32;
-  pool.run((n + col_block - 1) / col_block, [&](std::size_t t, unsigned) {
-    const std::size_t n0 = t * col_block;
-    const std::size_t n1 = std::min(n, n0 + col_block);
-    for (std::size_t m0 = 0; m0 < m; m0 += row_block) {
-      const std::size_t m1 = std::min(m, m0 + row_block);
-      for (std::size_t c = n0; c < n1; ++c) {
-        const std::byte* wr = w.data.data() + c * row_bytes;
-        for (std::size_t r = m0; r < m1; ++r) {
-          const float v = dot(wr, xq + r * nb, nb);
-          y[r * n + c] = bias ? v + bias[c] : v;
-        }
-      }
-    }
-  });
-}
-
 // Runs fn(row) for rows [0, rows), in parallel when the work is large enough to pay for it.
 template <class F>
 void for_rows(worker_pool& pool, std::size_t rows, std::size_t cost_per_row, F&& fn) {
@@ -495,6 +535,46 @@ void for_rows(worker_pool& pool, std::size_t rows, std::size_t cost_per_row, F&&
   const std::size_t tasks = (rows + per_task - 1) / per_task;
   pool.run(tasks, [&](std::size_t t, unsigned) {
     for (std::size_t r = t * per_task; r < std::min(rows, (t + 1) * per_task); ++r) fn(r);
+  });
+}
+
+// Native path: y = x w^T (+ bias) with w in a ggml block format. x's rows are first rounded to
+// ggml's activation blocks (Q8_1 for Q4_1 weights, Q8_0 otherwise) in `quantized`, then every
+// output is one dot product of a weight row and an activation row. Tasks are blocks of 16
+// weight rows; each unpacks a weight row's blocks once for up to max_q_tile_rows activation rows
+// (the tile kernels), as ggml's mul_mat blocks src1 rows, and streams its weight rows once for
+// up to 32 activation rows. Each output is computed as by the one-row dot product, so the rows'
+// grouping changes no bit.
+void block_matmul(worker_pool& pool, const float* x, std::size_t m, std::size_t k, const ggml_matrix& w,
+                  const float* bias, float* y, std::vector<std::byte>& quantized) {
+  const kernel_table& kt = kernels();
+  const std::size_t nb = k / 32;
+  const std::size_t n = w.rows;
+  quantized.resize(m * nb * sizeof(q8_block));
+  auto* xq = reinterpret_cast<q8_block*>(quantized.data());
+  const bool with_sum = w.type == ggml_type::q4_1;
+  for_rows(pool, m, k, [&](std::size_t r) { quantize_q8(x + r * k, nb, with_sum, xq + r * nb); });
+  const q_tile_fn* tiles = w.type == ggml_type::q4_0 ? kt.q4_0 : w.type == ggml_type::q4_1 ? kt.q4_1 : kt.q8_0;
+  const std::size_t row_bytes = w.row_bytes();
+  constexpr std::size_t col_block = 16;
+  constexpr std::size_t row_block = 32;
+  pool.run((n + col_block - 1) / col_block, [&](std::size_t t, unsigned) {
+    const std::size_t n0 = t * col_block;
+    const std::size_t n1 = std::min(n, n0 + col_block);
+    for (std::size_t m0 = 0; m0 < m; m0 += row_block) {
+      const std::size_t m1 = std::min(m, m0 + row_block);
+      for (std::size_t c = n0; c < n1; ++c) {
+        const std::byte* wr = w.data.data() + c * row_bytes;
+        for (std::size_t r0 = m0; r0 < m1; r0 += max_q_tile_rows) {
+          const auto rows = static_cast<int>(std::min<std::size_t>(max_q_tile_rows, m1 - r0));
+          const q8_block* xr[max_q_tile_rows];
+          for (int i = 0; i < rows; ++i) xr[i] = xq + (r0 + i) * nb;
+          float out[max_q_tile_rows];
+          tiles[rows - 1](wr, xr, nb, out);
+          for (int i = 0; i < rows; ++i) y[(r0 + i) * n + c] = bias ? out[i] + bias[c] : out[i];
+        }
+      }
+    }
   });
 }
 
