@@ -1,5 +1,9 @@
 #include "messages/catalogue.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
 namespace duet::msg {
 
 std::string_view to_string(type_id id) {
@@ -75,6 +79,55 @@ std::string_view to_string(kv_path path) {
     case kv_path::tcp: return "tcp";
   }
   return "unknown";
+}
+
+void token_batch_push(token_batch& batch, uint64_t request_id, int32_t token, uint32_t position,
+                      const token_logprobs* lp) {
+  const std::size_t before = batch.tokens.size();
+  batch.request_ids.push_back(request_id);
+  batch.tokens.push_back(token);
+  batch.positions.push_back(position);
+  if (lp == nullptr && batch.logprobs.empty()) return;
+  // The first entry with log-probabilities: the earlier entries get "none".
+  batch.logprobs.resize(before, std::numeric_limits<float>::quiet_NaN());
+  batch.top_counts.resize(before, 0);
+  if (lp == nullptr) {
+    batch.logprobs.push_back(std::numeric_limits<float>::quiet_NaN());
+    batch.top_counts.push_back(0);
+    return;
+  }
+  const std::size_t n = std::min(lp->top_ids.size(), lp->top_logprobs.size());
+  batch.logprobs.push_back(lp->logprob);
+  batch.top_counts.push_back(static_cast<uint32_t>(n));
+  batch.top_ids.insert(batch.top_ids.end(), lp->top_ids.begin(), lp->top_ids.begin() + static_cast<std::ptrdiff_t>(n));
+  batch.top_logprobs.insert(batch.top_logprobs.end(), lp->top_logprobs.begin(),
+                            lp->top_logprobs.begin() + static_cast<std::ptrdiff_t>(n));
+}
+
+std::vector<std::optional<token_logprobs>> token_batch_logprobs(const token_batch& batch) {
+  std::vector<std::optional<token_logprobs>> out(batch.tokens.size());
+  if (batch.logprobs.size() != batch.tokens.size() || batch.top_counts.size() != batch.tokens.size() ||
+      batch.top_ids.size() != batch.top_logprobs.size()) {
+    return out;
+  }
+  uint64_t total = 0;
+  for (uint32_t c : batch.top_counts) total += c;
+  if (total != batch.top_ids.size()) return out;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const std::size_t n = batch.top_counts[i];
+    if (!std::isnan(batch.logprobs[i])) {
+      token_logprobs lp;
+      lp.logprob = batch.logprobs[i];
+      lp.top_ids.assign(batch.top_ids.begin() + static_cast<std::ptrdiff_t>(at),
+                        batch.top_ids.begin() + static_cast<std::ptrdiff_t>(at + n));
+      lp.top_logprobs.assign(batch.top_logprobs.begin() + static_cast<std::ptrdiff_t>(at),
+                             batch.top_logprobs.begin() + static_cast<std::ptrdiff_t>(at + n));
+      out[i] = std::move(lp);
+    }
+    at += n;
+  }
+  return out;
 }
 
 address parse_address(std::string_view text) {

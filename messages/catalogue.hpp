@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -47,13 +48,26 @@ struct sampling_params {
   bool has_seed = false;
   uint32_t max_new_tokens = 16;
   bool ignore_eos = false;
-  uint32_t top_logprobs = 0;
+  uint32_t top_logprobs = 0;  // alternatives to return per sampled token (implies logprobs)
   std::vector<int32_t> stop_token_ids;
   std::vector<std::string> stop_strings;
+  bool logprobs = false;  // return each sampled token's log-probability
   MSGPACK_DEFINE_MAP(temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
                      repetition_penalty, seed, has_seed, max_new_tokens, ignore_eos,
-                     top_logprobs, stop_token_ids, stop_strings);
+                     top_logprobs, stop_token_ids, stop_strings, logprobs);
+  /// Whether the client wants log-probabilities of the sampled tokens.
+  [[nodiscard]] bool wants_logprobs() const { return logprobs || top_logprobs > 0; }
   friend bool operator==(const sampling_params&, const sampling_params&) = default;
+};
+
+/// Log-probabilities of one sampled token: log_softmax of the raw logits (before penalties
+/// and temperature) at the token, and the most likely alternatives, most likely first.
+struct token_logprobs {
+  float logprob = 0.0f;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;  // parallel to top_ids
+  MSGPACK_DEFINE_MAP(logprob, top_ids, top_logprobs);
+  friend bool operator==(const token_logprobs&, const token_logprobs&) = default;
 };
 
 // ---------------------------------------------------------------- node to node
@@ -136,15 +150,30 @@ struct cancel {
 
 /// New tokens of one step for every request of one client (one message per step per
 /// destination). Entry i: request_ids[i] got token tokens[i] at output position positions[i].
+/// Log-probabilities (body fields, so peers that predate them still agree on the frames):
+/// `logprobs` is empty (no entry has any) or one per entry, NaN for an entry whose request
+/// did not ask; entry i's alternatives are the next top_counts[i] items of the flattened
+/// top_ids / top_logprobs. token_batch_push and token_batch_logprobs keep this layout.
 struct token_batch {
   static constexpr type_id id = type_id::token_batch;
   std::vector<uint64_t> request_ids;
   std::vector<int32_t> tokens;
   std::vector<uint32_t> positions;
-  DUET_MSGPACK_EMPTY_MAP
+  std::vector<float> logprobs;
+  std::vector<uint32_t> top_counts;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
+  MSGPACK_DEFINE_MAP(logprobs, top_counts, top_ids, top_logprobs);
   auto raw() { return std::tie(request_ids, tokens, positions); }
   friend bool operator==(const token_batch&, const token_batch&) = default;
 };
+
+/// Appends one entry; `lp` null: the request did not ask for log-probabilities.
+void token_batch_push(token_batch& batch, uint64_t request_id, int32_t token, uint32_t position,
+                      const token_logprobs* lp = nullptr);
+/// Entry i's log-probabilities, one per entry; nullopt where an entry has none. Every entry
+/// is nullopt when the arrays do not fit together (a malformed or older peer).
+[[nodiscard]] std::vector<std::optional<token_logprobs>> token_batch_logprobs(const token_batch& batch);
 
 /// The final response of an admitted request, success or error.
 struct finish {
@@ -181,7 +210,10 @@ struct prefill_done {
   int32_t first_token = 0;
   uint32_t prompt_tokens = 0;
   uint64_t layout_hash = 0;
-  MSGPACK_DEFINE_MAP(seq_id, handle_id, first_token, prompt_tokens, layout_hash);
+  bool has_first_logprobs = false;  // the request asked and the engine computed them
+  token_logprobs first_logprobs;
+  MSGPACK_DEFINE_MAP(seq_id, handle_id, first_token, prompt_tokens, layout_hash, has_first_logprobs,
+                     first_logprobs);
   auto raw() { return std::tie(); }
   friend bool operator==(const prefill_done&, const prefill_done&) = default;
 };

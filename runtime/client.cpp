@@ -82,12 +82,14 @@ std::vector<client_event> client::poll(std::chrono::milliseconds timeout) {
         events.push_back(std::move(e));
       } else if constexpr (std::is_same_v<M, msg::token_batch>) {
         // One batch may carry several of our requests: split it per request.
+        auto logprobs = msg::token_batch_logprobs(m);
         for (std::size_t k = 0; k < m.request_ids.size() && k < m.tokens.size(); ++k) {
           client_event t;
           t.what = client_event::kind::tokens;
           t.request_id = m.request_ids[k];
           t.tokens = {m.tokens[k]};
           t.positions = {k < m.positions.size() ? m.positions[k] : 0};
+          if (logprobs[k]) t.logprobs.push_back(std::move(logprobs[k]));
           events.push_back(std::move(t));
         }
       } else if constexpr (std::is_same_v<M, msg::stats_reply>) {
@@ -119,9 +121,10 @@ generation client::generate(const msg::submit& request, std::chrono::millisecond
         case client_event::kind::admitted: g.admitted = true; break;
         case client_event::kind::rejected: g.rejection = e.rejection; return g;
         case client_event::kind::tokens:
-          for (int32_t t : e.tokens) {
+          for (std::size_t k = 0; k < e.tokens.size(); ++k) {
             if (g.tokens.empty()) g.ttft_s = seconds_since_start();
-            g.tokens.push_back(t);
+            g.tokens.push_back(e.tokens[k]);
+            g.logprobs.push_back(k < e.logprobs.size() ? e.logprobs[k] : std::nullopt);
             g.token_times_s.push_back(seconds_since_start());
           }
           break;

@@ -18,6 +18,9 @@ struct client_event {
   uint64_t request_id = 0;
   std::vector<int32_t> tokens;     // kind::tokens
   std::vector<uint32_t> positions; // kind::tokens: output index of each token
+  /// kind::tokens: empty, or one per token (nullopt: none for that token); values come only
+  /// when the request's sampling wants_logprobs() and the engine computes them (not sim).
+  std::vector<std::optional<msg::token_logprobs>> logprobs;
   msg::finish finish;              // kind::finished
   msg::rejected rejection;         // kind::rejected
 };
@@ -27,6 +30,7 @@ struct generation {
   uint64_t request_id = 0;
   bool admitted = false;
   std::vector<int32_t> tokens;
+  std::vector<std::optional<msg::token_logprobs>> logprobs;  // one per token
   std::optional<msg::finish> finish;
   std::optional<msg::rejected> rejection;
   double ttft_s = 0;  // submit to first token

@@ -1068,7 +1068,7 @@ step_output cpu_engine::prefill(std::span<const prefill_chunk> chunks) {
   });
   step_output out;
   for (std::size_t i = 0; i < sampled.size(); ++i) {
-    out.tokens.push_back(samples_[i].token);
+    step_output_push(out, samples_[i], sampled[i]->sampling);
     prompt_tokens_.erase(sampled[i]->seq_id);
   }
   return out;
@@ -1105,7 +1105,7 @@ step_output cpu_engine::decode(std::span<const decode_slot> slots) {
                                            s.history.size());
   });
   step_output out;
-  for (const auto& r : samples_) out.tokens.push_back(r.token);
+  for (std::size_t i = 0; i < slots.size(); ++i) step_output_push(out, samples_[i], slots[i].sampling);
   return out;
 }
 

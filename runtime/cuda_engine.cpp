@@ -832,7 +832,10 @@ step_output cuda_engine::prefill(std::span<const prefill_chunk> chunks) {
   samples_ = std::move(results);
   logits_host_ = std::move(kept);
   step_output out;
-  for (const auto& r : samples_) out.tokens.push_back(r.token);
+  std::size_t next = 0;  // samples_ follows the `last` chunks in order
+  for (const auto& ch : chunks) {
+    if (ch.last && next < samples_.size()) step_output_push(out, samples_[next++], ch.sampling);
+  }
   return out;
 }
 
@@ -980,7 +983,9 @@ step_output cuda_engine::decode(std::span<const decode_slot> slots) {
   samples_ = std::move(results);
   logits_host_ = std::move(kept);
   step_output out;
-  for (const auto& r : samples_) out.tokens.push_back(r.token);
+  for (std::size_t i = 0; i < samples_.size() && i < slots.size(); ++i) {
+    step_output_push(out, samples_[i], slots[i].sampling);
+  }
   return out;
 }
 

@@ -188,10 +188,7 @@ void decode_core::finish_step(int64_t now_ms) {
     const int32_t token = in_flight_output_.tokens.at(i);
     s.tokens.push_back(token);
     ++s.generated;
-    auto& batch = batches[s.client];
-    batch.request_ids.push_back(s.request_id);
-    batch.tokens.push_back(token);
-    batch.positions.push_back(s.generated - 1);
+    msg::token_batch_push(batches[s.client], s.request_id, token, s.generated - 1, in_flight_output_.logprobs_at(i));
     const bool stop_token = !s.sampling.ignore_eos &&
                             (std::find(eos.begin(), eos.end(), token) != eos.end() ||
                              std::find(s.sampling.stop_token_ids.begin(), s.sampling.stop_token_ids.end(), token) !=

@@ -1,16 +1,19 @@
 #pragma once
 // The engine interface: what prefill and decode actors call, whatever runs the math
 // (sim: a cost model; cpu: the fp32 reference; cuda: the GPU engine).
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "messages/catalogue.hpp"
 #include "runtime/config.hpp"
+#include "runtime/sampler.hpp"
 
 namespace duet {
 
@@ -46,8 +49,36 @@ struct decode_slot {
 
 struct step_output {
   std::vector<int32_t> tokens;  // one per `last` chunk (in order) or per decode slot
+  /// Empty (no sequence of the step asked), or one per token: the token's log-probabilities
+  /// where its sequence's sampling wants_logprobs(), nullopt elsewhere. The sim engine
+  /// leaves it empty.
+  std::vector<std::optional<msg::token_logprobs>> logprobs;
   std::chrono::nanoseconds modeled{0};  // time the actor must still wait (sim engine only)
+
+  /// Token i's log-probabilities; null when it has none.
+  [[nodiscard]] const msg::token_logprobs* logprobs_at(std::size_t i) const {
+    return i < logprobs.size() && logprobs[i] ? &*logprobs[i] : nullptr;
+  }
 };
+
+/// Appends one sampled token to `out`, with its log-probability and its first
+/// sampling->top_logprobs alternatives when `sampling` wants_logprobs().
+inline void step_output_push(step_output& out, const sample_result& sample, const msg::sampling_params* sampling) {
+  out.tokens.push_back(sample.token);
+  if (sampling == nullptr || !sampling->wants_logprobs()) {
+    if (!out.logprobs.empty()) out.logprobs.emplace_back();
+    return;
+  }
+  out.logprobs.resize(out.tokens.size() - 1);
+  msg::token_logprobs lp;
+  lp.logprob = sample.logprob;
+  const std::size_t n = std::min<std::size_t>(sample.top.size(), sampling->top_logprobs);
+  for (std::size_t k = 0; k < n; ++k) {
+    lp.top_ids.push_back(sample.top[k].token);
+    lp.top_logprobs.push_back(sample.top[k].logprob);
+  }
+  out.logprobs.push_back(std::move(lp));
+}
 
 class engine {
  public:

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <random>
 #include <stdexcept>
+#include <utility>
 
 #include "runtime/chat_template.hpp"
 #include "runtime/config.hpp"
@@ -413,6 +414,7 @@ void parse_logprobs(const json& body, api_request& r) {
         r.sampling.top_logprobs = static_cast<uint32_t>(*n);
       }
     }
+    r.sampling.logprobs = r.logprobs;
     return;
   }
   r.logprobs = get_bool(body, "logprobs").value_or(false);
@@ -421,6 +423,7 @@ void parse_logprobs(const json& body, api_request& r) {
     if (!r.logprobs && *n > 0) fail("'top_logprobs' requires 'logprobs' to be true", "top_logprobs");
     r.sampling.top_logprobs = static_cast<uint32_t>(*n);
   }
+  r.sampling.logprobs = r.logprobs;
 }
 
 }  // namespace
@@ -435,6 +438,20 @@ std::vector<int32_t> byte_text_codec::encode(std::string_view text, bool) const 
 }
 
 std::unique_ptr<text_decoder> byte_text_codec::decoder() const { return std::make_unique<byte_decoder>(); }
+
+std::string byte_text_codec::token_bytes(int32_t id) const {
+  if (id >= 0 && id < 256) return std::string(1, static_cast<char>(id));
+  return " <" + std::to_string(id) + ">";
+}
+
+std::string text_codec::token_bytes(int32_t id) const {
+  auto d = decoder();
+  std::string out = d->push(id);
+  out += d->flush();
+  return out;
+}
+
+std::string tokenizer_text_codec::token_bytes(int32_t id) const { return std::string(tok_->token_bytes(id)); }
 
 tokenizer_text_codec::tokenizer_text_codec(std::shared_ptr<const tokenizer> tok) : tok_(std::move(tok)) {
   if (!tok_) throw std::invalid_argument("tokenizer_text_codec: no tokenizer");
@@ -728,7 +745,7 @@ json finish_json(std::string_view finish_reason) {
 }  // namespace
 
 json full_response(const api_response_head& head, const std::string& text, const std::optional<std::string>& reasoning,
-                   std::string_view finish_reason, const api_usage& usage) {
+                   std::string_view finish_reason, const api_usage& usage, const json& logprobs) {
   json j = head_json(head, false);
   json choice;
   choice["index"] = 0;
@@ -739,7 +756,7 @@ json full_response(const api_response_head& head, const std::string& text, const
     if (reasoning) message["reasoning_content"] = *reasoning;
     choice["message"] = std::move(message);
   }
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = logprobs;
   choice["finish_reason"] = finish_json(finish_reason);
   j["choices"] = json::array({std::move(choice)});
   j["usage"] = usage.to_json();
@@ -760,7 +777,7 @@ json stream_chunk(const api_response_head& head, const chunk_delta& delta, std::
     if (delta.reasoning) d["reasoning_content"] = *delta.reasoning;
     choice["delta"] = std::move(d);
   }
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = delta.logprobs;
   choice["finish_reason"] = finish_json(finish_reason);
   j["choices"] = json::array({std::move(choice)});
   if (usage_null) j["usage"] = nullptr;
@@ -825,6 +842,60 @@ std::string content_event_writer::content_event(std::string_view text) const {
   }
   out += suffix_;
   return out;
+}
+
+logprobs_writer::logprobs_writer(api_kind kind, std::shared_ptr<const text_codec> codec)
+    : kind_(kind), codec_(std::move(codec)) {}
+
+json logprobs_writer::text_json(const std::string& bytes) const {
+  // Invalid UTF-8 (a token that is part of a character) becomes U+FFFD here, not at dump time.
+  const std::string text = dump_json(json(bytes));
+  return json::parse(text);
+}
+
+void logprobs_writer::add(int32_t token, const msg::token_logprobs& lp) {
+  const std::string bytes = codec_->token_bytes(token);
+  const json text = text_json(bytes);
+  const std::size_t n = std::min(lp.top_ids.size(), lp.top_logprobs.size());
+  if (kind_ == api_kind::chat) {
+    if (pending_.is_null()) pending_ = json::array();
+    json top = json::array();
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::string b = codec_->token_bytes(lp.top_ids[k]);
+      top.push_back(json{{"token", text_json(b)},
+                         {"logprob", lp.top_logprobs[k]},
+                         {"bytes", std::vector<uint8_t>(b.begin(), b.end())}});
+    }
+    pending_.push_back(json{{"token", text},
+                            {"logprob", lp.logprob},
+                            {"bytes", std::vector<uint8_t>(bytes.begin(), bytes.end())},
+                            {"top_logprobs", std::move(top)}});
+  } else {
+    if (pending_.is_null()) {
+      pending_ = json{{"tokens", json::array()},
+                      {"token_logprobs", json::array()},
+                      {"top_logprobs", json::array()},
+                      {"text_offset", json::array()}};
+    }
+    json top = json::object();
+    for (std::size_t k = 0; k < n; ++k) {
+      top[text_json(codec_->token_bytes(lp.top_ids[k])).get<std::string>()] = lp.top_logprobs[k];
+    }
+    pending_["tokens"].push_back(text);
+    pending_["token_logprobs"].push_back(lp.logprob);
+    pending_["top_logprobs"].push_back(std::move(top));
+    pending_["text_offset"].push_back(text_offset_);
+  }
+  const std::string& shown = text.get_ref<const std::string&>();
+  for (unsigned char c : shown) text_offset_ += (c & 0xc0) != 0x80;  // code points
+  ++count_;
+}
+
+json logprobs_writer::take() {
+  if (count_ == 0) return nullptr;
+  count_ = 0;
+  if (kind_ == api_kind::chat) return json{{"content", std::exchange(pending_, nullptr)}};
+  return std::exchange(pending_, nullptr);
 }
 
 json usage_chunk(const api_response_head& head, const api_usage& usage) {

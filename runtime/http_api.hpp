@@ -47,6 +47,9 @@ class text_codec {
   [[nodiscard]] virtual std::unique_ptr<text_decoder> decoder() const = 0;
   /// "bytes" or "tokenizer", for logs and /v1/models.
   [[nodiscard]] virtual std::string_view name() const = 0;
+  /// The bytes one id stands for on its own (possibly part of a UTF-8 character), for
+  /// log-probability entries. The default decodes the id alone with a fresh decoder.
+  [[nodiscard]] virtual std::string token_bytes(int32_t id) const;
 };
 
 /// The sim engine's codec (it has no tokenizer): encode = one token per UTF-8 byte (ids
@@ -57,6 +60,8 @@ class byte_text_codec final : public text_codec {
   [[nodiscard]] std::vector<int32_t> encode(std::string_view text, bool add_special) const override;
   [[nodiscard]] std::unique_ptr<text_decoder> decoder() const override;
   [[nodiscard]] std::string_view name() const override { return "bytes"; }
+  /// Ids below 256: that byte; others: the placeholder " <id>".
+  [[nodiscard]] std::string token_bytes(int32_t id) const override;
 };
 
 /// A real model's HF byte-level BPE tokenizer (runtime/tokenizer.hpp). Special tokens (eos,
@@ -67,6 +72,7 @@ class tokenizer_text_codec final : public text_codec {
   [[nodiscard]] std::vector<int32_t> encode(std::string_view text, bool add_special) const override;
   [[nodiscard]] std::unique_ptr<text_decoder> decoder() const override;
   [[nodiscard]] std::string_view name() const override { return "tokenizer"; }
+  [[nodiscard]] std::string token_bytes(int32_t id) const override;
   [[nodiscard]] const tokenizer& tok() const { return *tok_; }
 
  private:
@@ -184,7 +190,7 @@ struct api_request {
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
-  bool logprobs = false;       // accepted; answered with null logprobs
+  bool logprobs = false;       // also sets sampling.logprobs; top_logprobs goes to sampling
   std::string user;
   std::optional<reasoning_format> reasoning;  // extension "reasoning_format"; none = default
 };
@@ -232,9 +238,11 @@ struct api_response_head {
 
 /// A whole non-streaming response. `reasoning` (chat only) is sent as reasoning_content
 /// when it has a value.
+/// `logprobs` is choices[0].logprobs as logprobs_writer renders it (null: none).
 [[nodiscard]] nlohmann::json full_response(const api_response_head& head, const std::string& text,
                                            const std::optional<std::string>& reasoning,
-                                           std::string_view finish_reason, const api_usage& usage);
+                                           std::string_view finish_reason, const api_usage& usage,
+                                           const nlohmann::json& logprobs = nullptr);
 
 /// One streamed chunk. Completion: choices[0].text = content. Chat: a delta with content
 /// and/or reasoning_content (and role on the first chunk). finish_reason "" is sent as null.
@@ -243,6 +251,7 @@ struct chunk_delta {
   std::optional<std::string> content;
   std::optional<std::string> reasoning;
   bool role = false;  // chat: the first chunk names the role
+  nlohmann::json logprobs;  // choices[0].logprobs of this chunk's tokens (null: none)
 };
 [[nodiscard]] nlohmann::json stream_chunk(const api_response_head& head, const chunk_delta& delta,
                                           std::string_view finish_reason, bool usage_null);
@@ -257,6 +266,30 @@ class content_event_writer {
  private:
   std::string prefix_;  // "data: {...\"content\":\"" (or "text")
   std::string suffix_;  // "\"...}\n\n"
+};
+
+/// Renders the log-probabilities of one request's output tokens in OpenAI's shapes, as they
+/// arrive. Chat: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob,
+/// bytes}]}]}. Completion: {tokens, token_logprobs, top_logprobs: [{text: logprob}],
+/// text_offset}, text_offset counting characters (code points) of the generated text.
+/// A token's text is the codec's token_bytes (invalid UTF-8 is sent as U+FFFD; `bytes` keeps
+/// the real bytes). Non-streaming responses take() once at the end; streams take() per chunk
+/// (text offsets keep counting across takes).
+class logprobs_writer {
+ public:
+  logprobs_writer(api_kind kind, std::shared_ptr<const text_codec> codec);
+  void add(int32_t token, const msg::token_logprobs& lp);
+  /// Entries added since the last take, then forgets them; null when there are none.
+  [[nodiscard]] nlohmann::json take();
+  [[nodiscard]] bool empty() const { return count_ == 0; }
+
+ private:
+  [[nodiscard]] nlohmann::json text_json(const std::string& bytes) const;
+  api_kind kind_;
+  std::shared_ptr<const text_codec> codec_;
+  nlohmann::json pending_;  // chat: the content array; completion: the object of arrays
+  std::size_t count_ = 0;
+  uint64_t text_offset_ = 0;
 };
 
 /// The last chunk with include_usage: no choices, the usage.

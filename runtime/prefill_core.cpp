@@ -72,6 +72,7 @@ std::optional<std::chrono::nanoseconds> prefill_core::begin_step(int64_t now_ms)
 void prefill_core::finish_step(int64_t now_ms) {
   std::size_t sampled = 0;
   for (const auto& p : in_flight_) {
+    const msg::token_logprobs* logprobs = p.last ? in_flight_output_.logprobs_at(sampled) : nullptr;
     const int32_t token = p.last ? in_flight_output_.tokens.at(sampled++) : 0;
     auto it = jobs_.find(p.seq_id);
     if (it == jobs_.end()) continue;
@@ -85,6 +86,7 @@ void prefill_core::finish_step(int64_t now_ms) {
     if (!p.last) continue;
     std::erase(queue_, j.seq_id);
     j.first_token = token;
+    if (logprobs != nullptr) j.first_logprobs = *logprobs;
     j.state = prefill_state::registering;
     j.wait_until_ms = now_ms + settings_.register_timeout_ms;
     msg::kv_register reg;
@@ -121,8 +123,17 @@ void prefill_core::on_registered(const msg::kv_registered& m) {
     out_.send(settings_.router, msg::stage_failed{j.seq_id, j.cancel_reason, msg::error_code::none, "cancelled"});
     return;
   }
-  out_.send(settings_.router, msg::prefill_done{j.seq_id, j.seq_id, j.first_token,
-                                                static_cast<uint32_t>(j.tokens.size()), engine_.info().layout_hash});
+  msg::prefill_done done;
+  done.seq_id = j.seq_id;
+  done.handle_id = j.seq_id;
+  done.first_token = j.first_token;
+  done.prompt_tokens = static_cast<uint32_t>(j.tokens.size());
+  done.layout_hash = engine_.info().layout_hash;
+  if (j.first_logprobs) {
+    done.has_first_logprobs = true;
+    done.first_logprobs = *j.first_logprobs;
+  }
+  out_.send(settings_.router, done);
 }
 
 void prefill_core::on_release(const msg::kv_release& m) {

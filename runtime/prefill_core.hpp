@@ -72,6 +72,7 @@ class prefill_core {
     bool cancelled = false;
     msg::finish_reason cancel_reason = msg::finish_reason::cancelled;
     int32_t first_token = 0;
+    std::optional<msg::token_logprobs> first_logprobs;  // when the request asked
     int64_t wait_until_ms = 0;  // registering: ack timeout; handed_over: lease + grace
   };
   struct planned {

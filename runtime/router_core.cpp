@@ -120,9 +120,7 @@ void router_core::on_prefill_done(const msg::prefill_done& m) {
   r.handle_id = m.handle_id;
   --workers_[r.prefill].outstanding;
   msg::token_batch first;
-  first.request_ids = {r.request_id};
-  first.tokens = {m.first_token};
-  first.positions = {0};
+  msg::token_batch_push(first, r.request_id, m.first_token, 0, m.has_first_logprobs ? &m.first_logprobs : nullptr);
   out_.send(r.client, first);
   const auto& eos = settings_.eos_ids;
   const bool stopped = !r.sampling.ignore_eos &&

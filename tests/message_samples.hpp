@@ -41,6 +41,7 @@ inline sampling_params sample_sampling() {
   s.top_logprobs = 5;
   s.stop_token_ids = {128009, -7};
   s.stop_strings = {"</s>", "\n\nUser:", "\xc3\xbc\xe2\x82\xac"};  // "ü€" in UTF-8
+  s.logprobs = true;
   return s;
 }
 
@@ -72,7 +73,11 @@ inline cancel sample(tag<cancel>) { return {.request_id = 44}; }
 inline token_batch sample(tag<token_batch>) {
   return {.request_ids = {1, 2, 0xffffffffffffffffull},
           .tokens = {128001, 15, -3},
-          .positions = {0, 17, 0xffffffffu}};
+          .positions = {0, 17, 0xffffffffu},
+          .logprobs = {-0.125f, -3.5f, -1e-30f},
+          .top_counts = {2, 0, 1},
+          .top_ids = {128001, 7, -3},
+          .top_logprobs = {-0.125f, -2.25f, -1e-30f}};
 }
 inline finish sample(tag<finish>) {
   return {.request_id = 45,
@@ -90,7 +95,9 @@ inline prefill_done sample(tag<prefill_done>) {
           .handle_id = 9001,
           .first_token = -12,
           .prompt_tokens = 3,
-          .layout_hash = 0xa5a5a5a5a5a5a5a5ull};
+          .layout_hash = 0xa5a5a5a5a5a5a5a5ull,
+          .has_first_logprobs = true,
+          .first_logprobs = {.logprob = -0.75f, .top_ids = {-12, 40}, .top_logprobs = {-0.75f, -1.5f}}};
 }
 inline stage_failed sample(tag<stage_failed>) {
   return {.seq_id = 1003,

@@ -328,6 +328,72 @@ TEST_SUITE("http responses and framing") {
     CHECK(u["usage"]["completion_tokens"] == 6);
   }
 
+  TEST_CASE("logprobs requests ask the workers for them through sampling_params") {
+    auto chat = parse_ok(api_kind::chat, R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":2})");
+    CHECK(chat.sampling.logprobs);
+    CHECK(chat.sampling.top_logprobs == 2u);
+    CHECK(chat.sampling.wants_logprobs());
+    auto plain = parse_ok(api_kind::chat, R"({"messages":[{"role":"user","content":"x"}]})");
+    CHECK_FALSE(plain.sampling.wants_logprobs());
+    auto zero = completion(R"(,"logprobs":0)");
+    CHECK(zero.sampling.logprobs);
+    CHECK(zero.sampling.top_logprobs == 0u);
+    auto three = completion(R"(,"logprobs":3)");
+    CHECK(three.sampling.wants_logprobs());
+    CHECK(three.sampling.top_logprobs == 3u);
+  }
+
+  TEST_CASE("chat logprobs have OpenAI's shape: token, logprob, bytes and top_logprobs per token") {
+    duet::logprobs_writer w(api_kind::chat, std::make_shared<duet::byte_text_codec>());
+    CHECK(w.empty());
+    CHECK(w.take().is_null());
+    w.add('H', {.logprob = -0.25f, .top_ids = {'H', 'h'}, .top_logprobs = {-0.25f, -1.75f}});
+    w.add(0xC3, {.logprob = -3.0f, .top_ids = {}, .top_logprobs = {}});  // half of a character: shown as U+FFFD, bytes kept
+    w.add(300, {.logprob = -0.5f, .top_ids = {300}, .top_logprobs = {-0.5f}});
+    const auto j = w.take();
+    REQUIRE(j["content"].size() == 3);
+    const auto& h = j["content"][0];
+    CHECK(h["token"] == "H");
+    CHECK(h["logprob"].get<float>() == -0.25f);
+    CHECK(h["bytes"] == nlohmann::json::array({72}));
+    REQUIRE(h["top_logprobs"].size() == 2);
+    CHECK(h["top_logprobs"][1]["token"] == "h");
+    CHECK(h["top_logprobs"][1]["logprob"].get<float>() == -1.75f);
+    CHECK(h["top_logprobs"][1]["bytes"] == nlohmann::json::array({104}));
+    CHECK(j["content"][1]["token"] == "\xEF\xBF\xBD");
+    CHECK(j["content"][1]["bytes"] == nlohmann::json::array({0xC3}));
+    CHECK(j["content"][1]["top_logprobs"].empty());
+    CHECK(j["content"][2]["token"] == " <300>");
+    CHECK(w.empty());
+    CHECK(w.take().is_null());
+
+    auto full = duet::full_response(chat_head, "H", std::nullopt, "length", {1, 3}, j);
+    CHECK(full["choices"][0]["logprobs"] == j);
+    duet::chunk_delta d;
+    d.content = "H";
+    d.logprobs = j;
+    CHECK(duet::stream_chunk(chat_head, d, "", false)["choices"][0]["logprobs"] == j);
+    CHECK(duet::stream_chunk(chat_head, duet::chunk_delta{}, "", false)["choices"][0]["logprobs"].is_null());
+  }
+
+  TEST_CASE("completion logprobs are parallel arrays; text offsets keep counting across stream chunks") {
+    duet::logprobs_writer w(api_kind::completion, std::make_shared<duet::byte_text_codec>());
+    w.add('a', {.logprob = -1.0f, .top_ids = {'a', 'b'}, .top_logprobs = {-1.0f, -2.0f}});
+    w.add(300, {.logprob = -0.5f, .top_ids = {300, 'a'}, .top_logprobs = {-0.5f, -4.0f}});
+    const auto first = w.take();
+    CHECK(first["tokens"] == nlohmann::json::array({"a", " <300>"}));
+    CHECK(first["token_logprobs"][0].get<float>() == -1.0f);
+    CHECK(first["token_logprobs"][1].get<float>() == -0.5f);
+    CHECK(first["top_logprobs"][0]["b"].get<float>() == -2.0f);
+    CHECK(first["top_logprobs"][1]["a"].get<float>() == -4.0f);
+    CHECK(first["text_offset"] == nlohmann::json::array({0, 1}));
+    w.add(0xC3, {.logprob = -2.5f, .top_ids = {}, .top_logprobs = {}});
+    const auto second = w.take();
+    CHECK(second["tokens"] == nlohmann::json::array({"\xEF\xBF\xBD"}));
+    CHECK(second["text_offset"] == nlohmann::json::array({7}));  // "a" + " <300>"
+    CHECK(second["top_logprobs"][0].empty());
+  }
+
   TEST_CASE("pre-rendered content events are byte for byte the generic chunks") {
     for (const auto& head : {completion_head, chat_head}) {
       for (bool usage_null : {false, true}) {

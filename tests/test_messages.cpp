@@ -300,7 +300,14 @@ TEST_CASE("the body is a msgpack map keyed by field name, in declaration order")
 TEST_CASE("raw arrays travel as little-endian frames in raw() order, not in the body") {
   const auto frames = msg::samples::sample_frames<msg::token_batch>();
   REQUIRE(frames.size() == 5);
-  CHECK(frames[1] == std::string("\x80", 1));  // token_batch has no body fields
+  {  // token_batch's body holds only its optional log-probabilities
+    const auto batch_body = msgpack::unpack(frames[1].data(), frames[1].size());
+    std::set<std::string> keys;
+    for (uint32_t i = 0; i < batch_body.get().via.map.size; ++i) {
+      keys.insert(batch_body.get().via.map.ptr[i].key.as<std::string>());
+    }
+    CHECK(keys == std::set<std::string>{"logprobs", "top_counts", "top_ids", "top_logprobs"});
+  }
   CHECK(frames[2].size() == 3 * sizeof(uint64_t));
   CHECK(frames[3] == std::string("\x01\xf4\x01\x00\x0f\x00\x00\x00\xfd\xff\xff\xff", 12));
   CHECK(frames[4].substr(4, 4) == std::string("\x11\x00\x00\x00", 4));
@@ -322,6 +329,45 @@ TEST_CASE("empty raw arrays travel as empty frames and decode as empty arrays") 
   auto body = msg::decode_body<msg::token_batch>(frames);
   REQUIRE(body.ok());
   CHECK(*body == msg::token_batch{});
+}
+
+TEST_CASE("token_batch log-probabilities: entries without any read as none, and an older peer's empty body as none for all") {
+  msg::token_batch batch;
+  msg::token_batch_push(batch, 1, 10, 0);
+  const msg::token_logprobs two{.logprob = -0.5f, .top_ids = {10, 11}, .top_logprobs = {-0.5f, -1.25f}};
+  msg::token_batch_push(batch, 2, 10, 3, &two);
+  msg::token_batch_push(batch, 3, 12, 1);
+  const msg::token_logprobs bare{.logprob = -2.0f, .top_ids = {}, .top_logprobs = {}};
+  msg::token_batch_push(batch, 4, 13, 7, &bare);
+  CHECK(batch.request_ids == std::vector<uint64_t>{1, 2, 3, 4});
+  CHECK(batch.logprobs.size() == 4);
+  CHECK(batch.top_counts == std::vector<uint32_t>{0, 2, 0, 0});
+
+  auto decoded = msg::decode_body<msg::token_batch>(msg::encode(msg::envelope{}, batch));
+  REQUIRE_MESSAGE(decoded.ok(), decoded.error());
+  const auto lps = msg::token_batch_logprobs(*decoded);
+  REQUIRE(lps.size() == 4);
+  CHECK_FALSE(lps[0].has_value());
+  REQUIRE(lps[1].has_value());
+  CHECK(*lps[1] == two);
+  CHECK_FALSE(lps[2].has_value());
+  REQUIRE(lps[3].has_value());
+  CHECK(*lps[3] == bare);
+
+  msg::token_batch plain;
+  msg::token_batch_push(plain, 5, 6, 0);
+  CHECK(plain.logprobs.empty());
+  // What a peer from before log-probabilities sends: an empty body.
+  auto frames = msg::encode(msg::envelope{}, plain);
+  frames[1] = std::string("\x80", 1);
+  auto old = msg::decode_body<msg::token_batch>(frames);
+  REQUIRE_MESSAGE(old.ok(), old.error());
+  CHECK(*old == plain);
+  CHECK(msg::token_batch_logprobs(*old) == std::vector<std::optional<msg::token_logprobs>>(1));
+
+  msg::token_batch broken = batch;
+  broken.top_ids.pop_back();  // counts no longer add up: nothing is trusted
+  CHECK(msg::token_batch_logprobs(broken) == std::vector<std::optional<msg::token_logprobs>>(4));
 }
 
 // ================================================================ bad input
