@@ -499,6 +499,7 @@ struct generation {
   stop_matcher stop{{}};
   std::optional<think_splitter> splitter;  // chat with reasoning split
   std::optional<content_event_writer> events;  // streaming: content-only chunks, pre-rendered
+  std::optional<logprobs_writer> logprobs;     // the request asked for log-probabilities
   bool headers_sent = false;
   bool stopped = false;  // a stop string matched
   std::string content, reasoning;              // non-streaming: the whole text
@@ -718,6 +719,7 @@ class session final : public upstream_receiver, public std::enable_shared_from_t
     g->prompt_tokens = static_cast<uint32_t>(s.prompt_tokens.size());
     g->head = api_response_head{kind, make_response_id(kind), unix_seconds(), g->request.model};
     g->decoder = owner_.codec->decoder();
+    if (g->request.logprobs) g->logprobs.emplace(kind, owner_.codec);
     g->stop = stop_matcher(g->request.stop);
     const auto reasoning = g->request.reasoning.value_or(cfg().reasoning);
     if (kind == api_kind::chat && reasoning == reasoning_format::split) g->splitter.emplace(starts_in_think);
@@ -740,10 +742,12 @@ class session final : public upstream_receiver, public std::enable_shared_from_t
           return;
         case client_event::kind::tokens:
           if (gen_->request.stream && !gen_->headers_sent) send_stream_head();
-          for (int32_t token : e.tokens) {
+          for (std::size_t k = 0; k < e.tokens.size(); ++k) {
             if (gen_->stopped) break;
+            const int32_t token = e.tokens[k];
             observe_token(at);
             ++gen_->completion_tokens;
+            if (gen_->logprobs && k < e.logprobs.size() && e.logprobs[k]) gen_->logprobs->add(token, *e.logprobs[k]);
             take_text(gen_->decoder->push(token));
           }
           if (gen_->stopped) {
@@ -845,7 +849,8 @@ class session final : public upstream_receiver, public std::enable_shared_from_t
     if (!g.request.stream) {
       std::optional<std::string> reasoning;
       if (g.splitter && g.splitter->saw_reasoning()) reasoning = g.reasoning;
-      auto body = full_response(g.head, g.content, reasoning, finish_reason, usage);
+      auto body = full_response(g.head, g.content, reasoning, finish_reason, usage,
+                                g.logprobs ? g.logprobs->take() : nlohmann::json(nullptr));
       gen_.reset();
       return respond_json(http::status::ok, body);
     }
@@ -928,8 +933,9 @@ class session final : public upstream_receiver, public std::enable_shared_from_t
 
   void flush_delta() {
     auto& g = *gen_;
-    if (!g.headers_sent || (g.delta_content.empty() && g.delta_reasoning.empty())) return;
-    if (g.delta_reasoning.empty()) {
+    const bool with_logprobs = g.logprobs && !g.logprobs->empty();
+    if (!g.headers_sent || (g.delta_content.empty() && g.delta_reasoning.empty() && !with_logprobs)) return;
+    if (g.delta_reasoning.empty() && !with_logprobs) {
       send_stream(g.events->content_event(g.delta_content));
       g.delta_content.clear();
       return;
@@ -937,6 +943,10 @@ class session final : public upstream_receiver, public std::enable_shared_from_t
     chunk_delta d;
     if (!g.delta_content.empty()) d.content = std::move(g.delta_content);
     if (!g.delta_reasoning.empty()) d.reasoning = std::move(g.delta_reasoning);
+    if (with_logprobs) {
+      if (!d.content) d.content = std::string();
+      d.logprobs = g.logprobs->take();
+    }
     g.delta_content.clear();
     g.delta_reasoning.clear();
     send_stream(sse_event(stream_chunk(g.head, d, "", g.request.include_usage)));

@@ -66,7 +66,7 @@ ERROR_CODES = {
 # The sampling fields a submit may carry; a missing key keeps the server's default.
 SAMPLING_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "seed", "has_seed", "max_new_tokens", "ignore_eos", "top_logprobs",
+    "repetition_penalty", "seed", "has_seed", "max_new_tokens", "ignore_eos", "logprobs", "top_logprobs",
     "stop_token_ids", "stop_strings",
 )
 

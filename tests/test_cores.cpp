@@ -464,7 +464,12 @@ struct router_fixture {
     return core->out().take();
   }
   std::vector<outgoing> prefill_done(uint64_t seq_id, int32_t first_token = 5) {
-    core->on_prefill_done(msg::prefill_done{seq_id, seq_id, first_token, 3, 77});
+    msg::prefill_done m;
+    m.seq_id = m.handle_id = seq_id;
+    m.first_token = first_token;
+    m.prompt_tokens = 3;
+    m.layout_hash = 77;
+    core->on_prefill_done(m);
     return core->out().take();
   }
   /// Moves the clock to `at` and runs the router's timer; live workers report their load

@@ -7,6 +7,7 @@ generated ids of 256 and above read as " <id>" (docs/http.md).
 """
 import asyncio
 import json
+import math
 import os
 import pathlib
 import re
@@ -576,5 +577,43 @@ role = "decode"
             c.completions.create(model=MODEL, prompt="x", max_tokens=1)
         assert e.value.status_code == 503
         assert e.value.response.headers["retry-after"]
+    finally:
+        s.stop()
+
+
+def test_logprobs_from_the_embedded_model_match_the_answer_streamed_or_not(tmp_path):
+    """`duet up` with no config: SmolLM2 on the CPU engine (scripts/fetch-model.sh), prefill and
+    decode actors; the official SDK asks for log-probabilities in every shape it has."""
+    port = free_port()
+    s = Server(["up", "--http", f"127.0.0.1:{port}"], port, tmp_path / "duet.log", env={"DUET_API_KEY": ""})
+    try:
+        s.wait_healthy(timeout=60)
+        c = openai.OpenAI(base_url=s.base + "/v1", api_key="anything", max_retries=0, timeout=120)
+        model = "smollm2-135m-instruct"
+        ask = dict(model=model, messages=[{"role": "user", "content": "Say hello."}], max_completion_tokens=6,
+                   temperature=0, logprobs=True, top_logprobs=3)
+        r = c.chat.completions.create(**ask)
+        content = r.choices[0].logprobs.content
+        assert len(content) == r.usage.completion_tokens
+        assert "".join(e.token for e in content) == r.choices[0].message.content
+        for e in content:
+            assert len(e.top_logprobs) == 3
+            assert e.logprob <= 0 and math.isfinite(e.logprob)
+            # greedy: the chosen token is the most likely one, with the same value
+            assert (e.top_logprobs[0].token, e.top_logprobs[0].logprob) == (e.token, e.logprob)
+            assert e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob >= e.top_logprobs[2].logprob
+        streamed = [e for chunk in c.chat.completions.create(**ask, stream=True)
+                    for e in ((chunk.choices[0].logprobs.content or [])
+                              if chunk.choices and chunk.choices[0].logprobs else [])]
+        assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+        k = c.completions.create(model=model, prompt="The capital of France is", max_tokens=4, temperature=0,
+                                 logprobs=2)
+        lp = k.choices[0].logprobs
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 4
+        assert "".join(lp.tokens) == k.choices[0].text
+        assert [b - a for a, b in zip(lp.text_offset, lp.text_offset[1:])] == [len(t) for t in lp.tokens[:3]]
+        plain = c.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
+                                          max_completion_tokens=2)
+        assert plain.choices[0].logprobs is None
     finally:
         s.stop()

@@ -114,7 +114,7 @@ class EncodingFromTheModule(unittest.TestCase):
     def test_every_sampling_field_the_module_accepts_is_one_the_codec_knows(self):
         sampling = dict(temperature=0.25, top_p=0.5, top_k=3, min_p=0.125, presence_penalty=0.5,
                         frequency_penalty=0.75, repetition_penalty=1.5, seed=2**63, max_new_tokens=9,
-                        ignore_eos=True, top_logprobs=2, stop_token_ids=[1, 2], stop_strings=["</s>"])
+                        ignore_eos=True, logprobs=True, top_logprobs=2, stop_token_ids=[1, 2], stop_strings=["</s>"])
         self.assertEqual(set(sampling) | {"has_seed"}, set(duet_client.SAMPLING_FIELDS))
         out = io.BytesIO()
         duet_client.write_stream(out, duet_client.submit_frames(3, "c/client", "n/router", [9], **sampling))

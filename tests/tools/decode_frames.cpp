@@ -145,12 +145,16 @@ int emit_replies(uint64_t request_id, const std::string& client) {
   env.src = "n0/router";
   write_message(std::cout, msg::encode(env, msg::admitted{.request_id = request_id, .prompt_tokens = 3, .queue_position = 0}));
   env.src = "n0/decode0";
-  write_message(std::cout, msg::encode(env, msg::token_batch{.request_ids = {request_id},
-                                                             .tokens = {791},
-                                                             .positions = {0}}));
-  write_message(std::cout, msg::encode(env, msg::token_batch{.request_ids = {request_id + 1, request_id},
-                                                             .tokens = {5, 4320},
-                                                             .positions = {7, 1}}));
+  msg::token_batch first;
+  first.request_ids = {request_id};
+  first.tokens = {791};
+  first.positions = {0};
+  write_message(std::cout, msg::encode(env, first));
+  msg::token_batch next;
+  next.request_ids = {request_id + 1, request_id};
+  next.tokens = {5, 4320};
+  next.positions = {7, 1};
+  write_message(std::cout, msg::encode(env, next));
   write_message(std::cout, msg::encode(env, msg::finish{.request_id = request_id,
                                                         .reason = msg::finish_reason::length,
                                                         .code = msg::error_code::none,
