@@ -216,8 +216,12 @@ int run_up(const std::string& config_path, const std::string& engine, bool threa
   duet::deployment_config config;
   if (config_path.empty()) {
     config = builtin_config(engine, "up");
-    // The embedded default is for a newcomer: it answers HTTP unless told otherwise.
-    if (http.empty() && config.engine.kind == "cpu") http = "127.0.0.1:8080";
+    if (config.engine.kind == "cpu") {
+      // The embedded default is for a newcomer: it answers HTTP unless told otherwise, and
+      // listens where config/local-cpu.toml says, so `duet client --config` that file reaches it.
+      if (http.empty()) http = "127.0.0.1:8080";
+      for (auto& n : config.nodes) n.endpoint = "ipc:///tmp/duet-local-cpu.sock";
+    }
   } else {
     config = duet::load_config(config_path);
     if (!engine.empty() && engine != config.engine.kind) {
