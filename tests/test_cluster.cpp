@@ -8,6 +8,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "tests/cluster_ready.hpp"
 #include "actors/node.hpp"
 #include "runtime/client.hpp"
 #include "runtime/clock.hpp"
@@ -76,15 +77,7 @@ std::string unique(const std::string& stem) {
   return stem + "-" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}() % 100000);
 }
 
-bool wait_ready(client& c, const std::string& router, std::chrono::milliseconds timeout) {
-  const auto until = steady::now() + timeout;
-  while (steady::now() < until) {
-    auto r = c.stats({router}, 200ms);
-    if (!r.empty() && r[0].counters["ready_prefill"] > 0 && r[0].counters["ready_decode"] > 0) return true;
-    std::this_thread::sleep_for(50ms);
-  }
-  return false;
-}
+using testing::wait_ready;
 
 /// True once every pool is full and the broker holds no handle (polled, bounded).
 bool pools_return_to_full(client& c, const std::vector<std::string>& actors, std::chrono::milliseconds timeout,

@@ -13,6 +13,7 @@
 
 #include <unistd.h>
 
+#include "tests/cluster_ready.hpp"
 #include "actors/node.hpp"
 #include "runtime/client.hpp"
 #include "runtime/clock.hpp"
@@ -136,15 +137,7 @@ std::vector<sample_result> engine_samples(const deployment_config& config, const
   return out;
 }
 
-bool wait_ready(client& c, const std::string& router, std::chrono::milliseconds timeout) {
-  const auto until = steady::now() + timeout;
-  while (steady::now() < until) {
-    auto r = c.stats({router}, 200ms);
-    if (!r.empty() && r[0].counters["ready_prefill"] > 0 && r[0].counters["ready_decode"] > 0) return true;
-    std::this_thread::sleep_for(50ms);
-  }
-  return false;
-}
+using testing::wait_ready;
 
 }  // namespace
 

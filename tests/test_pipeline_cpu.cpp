@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/cluster_ready.hpp"
 #include "actors/node.hpp"
 #include "runtime/client.hpp"
 #include "runtime/clock.hpp"
@@ -170,15 +171,7 @@ std::vector<std::vector<int32_t>> reference_tokens(const deployment_config& conf
   return out;
 }
 
-bool wait_ready(client& c, const std::string& router, std::chrono::milliseconds timeout) {
-  const auto until = steady::now() + timeout;
-  while (steady::now() < until) {
-    auto r = c.stats({router}, 200ms);
-    if (!r.empty() && r[0].counters["ready_prefill"] > 0 && r[0].counters["ready_decode"] > 0) return true;
-    std::this_thread::sleep_for(50ms);
-  }
-  return false;
-}
+using testing::wait_ready;
 
 /// Every pool full and no live handle, polled (bounded); `detail` says what was seen last.
 bool pools_return_to_full(client& c, const std::vector<std::string>& actors, std::string& detail) {

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/cluster_ready.hpp"
 #include "actors/node.hpp"
 #include "runtime/client.hpp"
 #include "runtime/clock.hpp"
@@ -633,14 +634,7 @@ std::vector<request_record> run_live_fidelity(const deployment_config& config,
   caf::actor_system system{cfg};
   node n(system, config, "fid");
   client c(endpoint, "fid/router");
-  const auto until = steady::now() + 10s;
-  bool ready = false;
-  while (!ready && steady::now() < until) {
-    auto r = c.stats({"fid/router"}, 200ms);
-    ready = !r.empty() && r[0].counters["ready_prefill"] > 0 && r[0].counters["ready_decode"] > 0;
-    if (!ready) std::this_thread::sleep_for(20ms);
-  }
-  REQUIRE(ready);
+  REQUIRE(testing::wait_ready(c, "fid/router", 10s));
   live_replay_options o;
   o.time_scale = scale;
   o.timeout = 90s;
