@@ -12,10 +12,14 @@
 #include <set>
 #include <thread>
 
+#include "runtime/clock.hpp"
 #include "runtime/config.hpp"
 #include "runtime/gpu_catalog.hpp"
+#include "runtime/http_frontend.hpp"
 #include "sim/deployment_spec.hpp"
 #include "sim/event_sim.hpp"
+#include "sim/http_replay.hpp"
+#include "sim/live_replay.hpp"
 #include "sim/planner.hpp"
 #include "sim/report.hpp"
 #include "sim/trace_spec.hpp"
@@ -76,6 +80,13 @@ struct sim_commands::state {
   double attainment = 0.9;
   std::string shares = "0.3,0.4,0.5,0.6,0.7";
   uint32_t top = 6;
+  // bench serve
+  CLI::App* bench = nullptr;
+  CLI::App* serve = nullptr;
+  std::string url, router, run_name = "live", model, api_key;
+  std::vector<std::string> sim_deployments;
+  double time_limit_s = 0, wait_s = 60, temperature = 0;
+  uint32_t prompt_vocab = 30000, max_context = 0;
 };
 
 namespace {
@@ -318,6 +329,159 @@ int run_plan(const sim_commands::state& s) {
   return 0;
 }
 
+/// Where `bench serve` sends its requests.
+struct serve_target {
+  bool http = false;
+  http_target web;
+  std::string endpoint, router;  // ZeroMQ
+  std::string label;
+};
+
+serve_target resolve_target(const sim_commands::state& s, const deployment_config* config) {
+  serve_target t;
+  if (s.url.starts_with("http://") || s.url.starts_with("https://")) {
+    t.http = true;
+    t.web = parse_http_url(s.url);
+    t.label = s.url;
+    return t;
+  }
+  if (!s.url.empty() && !s.url.starts_with("ipc://") && !s.url.starts_with("tcp://"))
+    throw std::invalid_argument("--url '" + s.url + "': give http://HOST:PORT, ipc://PATH or tcp://HOST:PORT");
+  t.endpoint = s.url;
+  t.router = s.router;
+  if (config && (t.endpoint.empty() || t.router.empty())) {
+    for (const auto& n : config->nodes) {
+      for (const auto& a : n.actors) {
+        if (a.role != actor_role::router) continue;
+        if (t.endpoint.empty()) t.endpoint = n.endpoint;
+        if (t.router.empty()) t.router = n.name + "/" + a.name;
+      }
+    }
+  }
+  if (t.endpoint.empty()) throw std::invalid_argument("give --url (http:// or a ZeroMQ endpoint) or --config");
+  if (t.router.empty()) throw std::invalid_argument("--url " + t.endpoint + " is a ZeroMQ endpoint: give --router NODE/ACTOR or --config");
+  if (t.endpoint.starts_with("inproc://"))
+    throw std::invalid_argument(t.endpoint + " is in-process only; the deployment needs ipc:// or tcp:// endpoints");
+  t.label = t.endpoint + " (" + t.router + ")";
+  return t;
+}
+
+/// Waits until the router reports live prefill and decode workers (bounded).
+bool wait_router_ready(client& c, const std::string& router, std::chrono::milliseconds timeout) {
+  const auto until = steady::now() + timeout;
+  while (steady::now() < until) {
+    auto replies = c.stats({router}, std::chrono::milliseconds(200));
+    if (!replies.empty() && replies[0].counters["ready_prefill"] > 0 &&
+        replies[0].counters["ready_decode"] > 0)
+      return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+int run_bench_serve(const sim_commands::state& s) {
+  std::optional<deployment_config> loaded;
+  if (!s.config_path.empty()) loaded = load_config(s.config_path);
+  auto config = loaded ? *loaded : default_config();
+  if (s.max_context > 0) config.model.max_context = s.max_context;
+  const auto target = resolve_target(s, loaded ? &*loaded : nullptr);
+  const auto trace = prepared_trace(s, config, s.max_requests);
+  const latency_slo slo = s.slo.empty() ? latency_slo{} : parse_slo(s.slo);
+  const auto stats = compute_trace_stats(trace);
+  const double limit_s = s.time_limit_s > 0 ? s.time_limit_s : stats.duration_s + 300.0;
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(limit_s * 1e3));
+  const auto wait = std::chrono::milliseconds(static_cast<int64_t>(s.wait_s * 1e3));
+  const bool tty = terminal();
+  std::printf("%s\n", trace_line(s, trace).c_str());
+  std::printf("target %s; every request ends within %.0f s of the start\n", target.label.c_str(), limit_s);
+  std::fflush(stdout);
+
+  std::vector<request_record> records;
+  const double t0 = std::chrono::duration<double>(steady::now().time_since_epoch()).count();
+  if (target.http) {
+    raise_fd_limit();
+    http_replay_options o;
+    o.model = s.model.empty() ? wait_for_http_model(target.web, s.api_key, wait) : s.model;
+    o.api_key = s.api_key;
+    o.temperature = s.temperature;
+    o.prompt_vocab = s.prompt_vocab;
+    o.timeout = timeout;
+    if (tty) {
+      o.progress = [](size_t sent, size_t done, size_t total) {
+        std::fprintf(stderr, "\r  sent %zu / %zu, finished %zu   ", sent, total, done);
+      };
+    }
+    records = replay_http(target.web, trace, o);
+  } else {
+    client c(target.endpoint, target.router);
+    if (!wait_router_ready(c, target.router, wait))
+      throw std::runtime_error("the router " + target.router + " at " + target.endpoint +
+                               " reported no ready prefill and decode workers within " +
+                               std::to_string(wait.count() / 1000) + " s");
+    live_replay_options o;
+    o.timeout = timeout;
+    o.prompt_vocab = s.prompt_vocab;
+    if (tty) {
+      o.progress = [](size_t done, size_t total) {
+        std::fprintf(stderr, "\r  finished %zu / %zu   ", done, total);
+      };
+    }
+    records = replay_live(c, trace, o);
+  }
+  const double wall_s = std::chrono::duration<double>(steady::now().time_since_epoch()).count() - t0;
+  if (tty) std::fprintf(stderr, "\r%*s\r", 60, "");
+
+  std::vector<report_run> runs;
+  runs.push_back(make_report_run(s.run_name, std::move(records), slo));
+  nlohmann::json bench_json;
+  bench_json["target"] = target.label;
+  bench_json["protocol"] = target.http ? "http" : "zmq";
+  bench_json["trace"] = s.trace;
+  bench_json["trace_stats"] = stats;
+  bench_json["rate_scale"] = s.rate_scale;
+  bench_json["wall_s"] = wall_s;
+  bench_json["time_limit_s"] = limit_s;
+  bench_json["simulated"] = nlohmann::json::array();
+  // The simulator on the same trace, for the side-by-side report (fidelity, issue 9).
+  if (!s.sim_deployments.empty()) {
+    const std::string gpu = s.gpu.empty() ? config.engine.gpu : s.gpu;
+    sim_options options = options_from(s, gpu);
+    for (const auto& spec : s.sim_deployments) {
+      auto d = spec == "config" ? deployment_from_config(config) : parse_deployment_spec(spec, config, gpu);
+      d.name = "sim " + d.name;
+      auto result = run_simulation(config, d, trace, options);
+      bench_json["simulated"].push_back(run_json(result, describe(d)));
+      runs.push_back(make_report_run(d.name, std::move(result.records), slo, std::move(result.series)));
+    }
+  }
+  if (runs.size() == 1) {
+    std::printf("%s", format_summary_table(runs[0].summary, runs[0].name).c_str());
+  } else {
+    std::vector<std::pair<std::string, latency_summary>> table;
+    for (const auto& r : runs) table.emplace_back(r.name, r.summary);
+    std::printf("%s", format_comparison_table(table).c_str());
+  }
+  report_options ro;
+  ro.title = s.title.empty() ? "duet bench serve: " + s.run_name : s.title;
+  ro.subtitle = trace_line(s, trace) + "; target " + target.label;
+  const auto files = write_report(s.out, runs, ro);
+  nlohmann::json summary;
+  {
+    std::ifstream in(files.summary_json);
+    summary = nlohmann::json::parse(in);
+  }
+  summary["bench"] = std::move(bench_json);
+  {
+    std::ofstream out(files.summary_json, std::ios::trunc);
+    out << summary.dump(2) << '\n';
+    if (!out) throw report_error("cannot write " + files.summary_json.string());
+  }
+  std::printf("\nwrote %s, %s, %s\n", files.summary_json.c_str(), files.requests_csv.c_str(),
+              files.report_html.c_str());
+  const auto& live = runs[0].summary;
+  return live.completed > 0 ? 0 : 1;
+}
+
 }  // namespace
 
 sim_commands::sim_commands(CLI::App& app) : state_(std::make_unique<state>()) {
@@ -380,17 +544,59 @@ sim_commands::sim_commands(CLI::App& app) : state_(std::make_unique<state>()) {
   s.plan->add_option("--top", s.top,
                      "deployments drawn in the report (plus the best colocated and split)");
   s.plan->add_option("--out", s.out, "report directory")->default_val("duet-plan");
+
+  s.bench = app.add_subcommand("bench", "benchmarks against a live deployment");
+  s.bench->require_subcommand(1);
+  s.serve = s.bench->add_subcommand(
+      "serve", "replay a trace open-loop against a live deployment (HTTP or ZeroMQ); write a report");
+  auto* serve = s.serve;
+  serve->add_option("--trace", s.trace, "trace: Azure .csv, Mooncake .jsonl, or synthetic:...")->required();
+  serve->add_option("--out", s.out, "report directory (summary.json, requests.csv, report.html)")->required();
+  serve->add_option("--url", s.url,
+                    "http://HOST:PORT (the OpenAI API) or a ZeroMQ endpoint ipc://... / tcp://... "
+                    "(default: the --config deployment's router endpoint)");
+  serve->add_option("--router", s.router, "router actor address NODE/ACTOR for a ZeroMQ --url");
+  serve->add_option("--config", s.config_path,
+                    "deployment TOML: its router endpoint, model.max_context, and the simulated runs' deployment");
+  serve->add_option("--name", s.run_name, "name of the live run in the report")->default_val("live");
+  serve->add_option("--model", s.model, "HTTP: the model field (default: the first of GET /v1/models)");
+  serve->add_option("--api-key", s.api_key, "HTTP: bearer token");
+  serve->add_option("--temperature", s.temperature, "sampling temperature")->check(CLI::NonNegativeNumber);
+  serve->add_option("--rate-scale", s.rate_scale, "multiply the request rate")->check(CLI::PositiveNumber);
+  serve->add_option("--start", s.start_s, "skip the trace's first seconds")->check(CLI::NonNegativeNumber);
+  serve->add_option("--duration", s.duration_s, "replay this many seconds of the trace")
+      ->check(CLI::NonNegativeNumber);
+  serve->add_option("--max-requests", s.max_requests, "replay at most this many requests");
+  serve->add_option("--time-limit", s.time_limit_s,
+                    "seconds; requests still open then are cancelled (default: trace span + 300)")
+      ->check(CLI::PositiveNumber);
+  serve->add_option("--wait", s.wait_s, "seconds to wait for the deployment to be ready")
+      ->check(CLI::NonNegativeNumber);
+  serve->add_option("--max-context", s.max_context,
+                    "clip prompt + output to this many tokens (default: the config's model.max_context)");
+  serve->add_option("--prompt-vocab", s.prompt_vocab, "prompt token ids are drawn below this")
+      ->check(CLI::Range(2u, 1u << 30));
+  serve->add_option("--slo", s.slo, "goodput objective, e.g. ttft=2s,tpot=50ms");
+  serve->add_option("--sim-deployment", s.sim_deployments,
+                    "also simulate this deployment spec on the same trace (repeatable; docs/sim.md); "
+                    "'config' simulates the --config deployment itself");
+  serve->add_option("--gpu", s.gpu, "GPU type of the simulated runs (default: the config's engine.gpu)");
+  serve->add_option("--calibration", s.calibration, "calibration TOML for the simulated runs");
+  serve->add_option("--hop-us", s.hop_us, "simulated message latency between actors, microseconds")
+      ->check(CLI::NonNegativeNumber);
+  serve->add_option("--title", s.title, "report title");
 }
 
 sim_commands::~sim_commands() = default;
 
 bool sim_commands::selected() const {
-  return state_->sim->parsed() || state_->plan->parsed();
+  return state_->sim->parsed() || state_->plan->parsed() || state_->serve->parsed();
 }
 
 int sim_commands::run() {
-  const char* command = state_->sim->parsed() ? "sim" : "plan";
+  const char* command = state_->sim->parsed() ? "sim" : state_->plan->parsed() ? "plan" : "bench serve";
   try {
+    if (state_->serve->parsed()) return run_bench_serve(*state_);
     return state_->sim->parsed() ? run_sim(*state_) : run_plan(*state_);
   } catch (const config_error& e) {
     std::fprintf(stderr, "%s\n", e.what());

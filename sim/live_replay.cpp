@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "runtime/clock.hpp"
+#include "sim/http_replay.hpp"
 
 namespace duet {
 
@@ -34,11 +35,7 @@ std::vector<request_record> replay_live(client& c, std::span<const trace_request
       const auto& r = trace[next];
       msg::submit s;
       s.request_id = next + 1;
-      s.prompt_tokens.resize(r.input_tokens);
-      for (uint32_t j = 0; j < r.input_tokens; ++j) {
-        s.prompt_tokens[j] =
-            static_cast<int32_t>((uint64_t{j} * 7919 + uint64_t{next} * 104729 + 1) % vocab);
-      }
+      s.prompt_tokens = replay_prompt(next, r.input_tokens, vocab);
       s.sampling.max_new_tokens = std::max<uint32_t>(r.output_tokens, 1);
       s.sampling.ignore_eos = true;
       auto& rec = records[next];
