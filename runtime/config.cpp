@@ -317,6 +317,7 @@ const std::vector<field<actor_config>>& actor_fields() {
       {"role", &actor_config::role, true},
       {"device", &actor_config::device},
       {"sm_share", &actor_config::sm_share},
+      {"stream", &actor_config::stream},
       {"kv_blocks", &actor_config::kv_blocks},
       {"kv_memory_fraction", &actor_config::kv_memory_fraction},
       {"max_batch", &actor_config::max_batch},
@@ -331,6 +332,7 @@ const std::vector<std::string_view> role_names{"router", "prefill", "decode", "b
 const std::vector<std::string_view> engine_kinds{"sim", "cpu", "cuda"};
 const std::vector<std::string_view> router_policies{"least_loaded", "round_robin"};
 const std::vector<std::string_view> transfer_modes{"auto", "stream"};
+const std::vector<std::string_view> stream_modes{"own", "shared"};
 const std::vector<std::string_view> dtypes{"bf16", "f16", "f32"};
 
 template <class S>
@@ -843,6 +845,12 @@ class validator {
       const bool share_valid = a.sm_share > 0.0 && a.sm_share <= 1.0;
       if (!share_valid) {
         error(path + ".sm_share", "must be in (0, 1] (got " + format_number(a.sm_share) + ")");
+      }
+      choice(path + ".stream", a.stream, stream_modes);
+      if (a.stream == "shared" && share_valid && a.sm_share < 1.0) {
+        error(path + ".stream",
+              "\"shared\" runs on the whole GPU and cannot be combined with sm_share " +
+                  format_number(a.sm_share) + " (an SM share needs the actor's own stream)");
       }
       if (!(a.kv_memory_fraction >= 0.0 && a.kv_memory_fraction < 1.0)) {
         error(path + ".kv_memory_fraction",

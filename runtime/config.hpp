@@ -19,6 +19,7 @@ struct actor_config {
   actor_role role = actor_role::prefill;
   int device = 0;                  // GPU ordinal (cuda engine); ignored by cpu/sim
   double sm_share = 1.0;           // fraction of the GPU's SMs (green contexts), (0, 1]
+  std::string stream = "own";      // cuda: "own" | "shared" (one stream per device: colocated)
   uint32_t kv_blocks = 4096;       // KV pool size in blocks (prefill/decode)
   double kv_memory_fraction = 0.0; // cuda: size the pool from free memory instead (0 = use kv_blocks)
   uint32_t max_batch = 64;         // decode: sequences per step; prefill: sequences per step

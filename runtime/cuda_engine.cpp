@@ -4,6 +4,7 @@
 
 #include "runtime/kv_pool_share.hpp"
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 
@@ -41,6 +43,75 @@ namespace {
   do {                                                                           \
     const cudaError_t duet_err = (call);                                         \
     if (duet_err != cudaSuccess) cuda_fail(duet_err, #call, __FILE__, __LINE__); \
+  } while (0)
+
+/// The driver calls that green contexts need, taken through the runtime rather than by linking
+/// libcuda: binaries then still load on machines without a driver (the GPU tests skip there).
+struct driver_api {
+#define DUET_DRIVER_FN(name) decltype(&::name) name = nullptr;
+#define DUET_DRIVER_FNS                       \
+  DUET_DRIVER_FN(cuGetErrorName)              \
+  DUET_DRIVER_FN(cuGetErrorString)            \
+  DUET_DRIVER_FN(cuDeviceGet)                 \
+  DUET_DRIVER_FN(cuDeviceGetDevResource)      \
+  DUET_DRIVER_FN(cuGreenCtxGetDevResource)    \
+  DUET_DRIVER_FN(cuDevSmResourceSplitByCount) \
+  DUET_DRIVER_FN(cuDevResourceGenerateDesc)   \
+  DUET_DRIVER_FN(cuGreenCtxCreate)            \
+  DUET_DRIVER_FN(cuCtxFromGreenCtx)           \
+  DUET_DRIVER_FN(cuGreenCtxStreamCreate)      \
+  DUET_DRIVER_FN(cuGreenCtxDestroy)           \
+  DUET_DRIVER_FN(cuCtxGetCurrent)             \
+  DUET_DRIVER_FN(cuCtxSetCurrent)
+  DUET_DRIVER_FNS
+#undef DUET_DRIVER_FN
+  std::string missing;  // the first call the driver does not offer ("" when it offers all)
+};
+
+const driver_api& drv() {
+  // Never freed: engines destroyed during static destruction still find it.
+  static const driver_api* const api = [] {
+    auto* a_ptr = new driver_api;
+    driver_api& a = *a_ptr;
+#define DUET_DRIVER_FN(name)                                                                     \
+  {                                                                                              \
+    void* fn = nullptr;                                                                          \
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;                  \
+    if (cudaGetDriverEntryPointByVersion(#name, &fn, CUDA_VERSION, cudaEnableDefault, &found) == \
+            cudaSuccess &&                                                                       \
+        found == cudaDriverEntryPointSuccess && fn) {                                            \
+      a.name = reinterpret_cast<decltype(a.name)>(fn);                                           \
+    } else {                                                                                     \
+      cudaGetLastError();                                                                        \
+      if (a.missing.empty()) a.missing = #name;                                                  \
+    }                                                                                            \
+  }
+    DUET_DRIVER_FNS
+#undef DUET_DRIVER_FN
+    return a_ptr;
+  }();
+  return *api;
+}
+#undef DUET_DRIVER_FNS
+
+std::string cu_error_text(CUresult r) {
+  const char* name = nullptr;
+  const char* text = nullptr;
+  const driver_api& d = drv();
+  if (!d.cuGetErrorName || d.cuGetErrorName(r, &name) != CUDA_SUCCESS) name = nullptr;
+  if (!d.cuGetErrorString || d.cuGetErrorString(r, &text) != CUDA_SUCCESS) text = nullptr;
+  if (!name) return "CUresult " + std::to_string(static_cast<int>(r));
+  return std::string(name) + (text ? std::string(" (") + text + ")" : std::string());
+}
+
+#define CU_CHECK(call)                                                          \
+  do {                                                                          \
+    const CUresult duet_res = (call);                                           \
+    if (duet_res != CUDA_SUCCESS) {                                             \
+      throw std::runtime_error(std::string("cuda_engine: ") + __FILE__ + ":" +  \
+                               std::to_string(__LINE__) + ": " + #call + ": " + \
+                               cu_error_text(duet_res));                        \
+    }                                                                           \
   } while (0)
 
 void kcheck(const k::kstatus& s) {
@@ -340,6 +411,205 @@ struct cuda_engine::pass {
   std::vector<uint64_t> seeds, positions;
 };
 
+// ------------------------------------------------------------------- SM partitions and streams
+
+namespace {
+
+/// The SMs of one device that no green context of this process holds yet. The split API only
+/// splits what a device or a (green) context reports, so the SMs left after a grant are parked
+/// in a green context of their own (`rest`, never given work) and the next grant splits that:
+/// the engines of one device get disjoint SMs.
+struct sm_pool {
+  bool started = false;       // false: nothing granted, the next grant splits the whole device
+  CUdevResource left{};       // started: the SMs no engine holds (an output of the last split)
+  CUgreenCtx rest = nullptr;  // a green context of `left`, so that it can be split again
+  uint32_t live = 0;  // green contexts alive; at 0 the pool starts again from the whole device
+};
+
+struct sm_registry {
+  std::mutex mutex;
+  std::map<int, sm_pool> pools;  // by device
+};
+
+sm_registry& sm_pools() {
+  static auto* const registry = new sm_registry;  // never freed, as drv()
+  return *registry;
+}
+
+std::string share_text(double share) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", share);
+  return text;
+}
+
+}  // namespace
+
+struct cuda_engine::sm_partition {
+  int device = 0;
+  CUgreenCtx green = nullptr;
+  CUcontext ctx = nullptr;  // cuCtxFromGreenCtx(green): what runtime calls see as current
+  uint32_t sms = 0;
+  bool registered = false;  // counted in sm_pools().pools[device].live
+
+  sm_partition() = default;
+  sm_partition(const sm_partition&) = delete;
+  sm_partition& operator=(const sm_partition&) = delete;
+  ~sm_partition() {
+    if (green) drv().cuGreenCtxDestroy(green);
+    if (!registered) return;
+    sm_registry& registry = sm_pools();
+    std::lock_guard lock(registry.mutex);
+    sm_pool& pool = registry.pools[device];
+    if (--pool.live == 0) {
+      if (pool.rest) drv().cuGreenCtxDestroy(pool.rest);
+      pool = sm_pool{};
+    }
+  }
+
+  /// A green context of round(share x SMs) SMs (in the device's partition steps) taken from the
+  /// SMs no other engine of this process holds. Needs the device's primary context current.
+  static std::unique_ptr<sm_partition> make(int device, double share) {
+    std::string what =
+        "cuda_engine: sm_share " + share_text(share) + " on device " + std::to_string(device);
+    auto fail = [&](const std::string& why) { throw std::runtime_error(what + ": " + why); };
+    auto check = [&](CUresult r, const char* call) {
+      if (r != CUDA_SUCCESS) fail(std::string(call) + " failed: " + cu_error_text(r));
+    };
+    if (!drv().missing.empty()) {
+      int driver = 0;
+      if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+      fail("SM shares need green contexts (a CUDA 12.4 or newer driver); this driver (" +
+           std::to_string(driver / 1000) + "." + std::to_string(driver % 1000 / 10) +
+           ") does not offer " + drv().missing);
+    }
+    CUdevice dev = 0;
+    check(drv().cuDeviceGet(&dev, device), "cuDeviceGet");
+    CUdevResource whole{};
+    check(drv().cuDeviceGetDevResource(dev, &whole, CU_DEV_RESOURCE_TYPE_SM),
+          "cuDeviceGetDevResource");
+    const uint32_t total = whole.sm.smCount;
+    const uint32_t step = std::max(1u, whole.sm.smCoscheduledAlignment);
+    const uint32_t least = std::max(step, whole.sm.minSmPartitionSize);
+    what += " (" + std::to_string(total) + " SMs, partitions of at least " + std::to_string(least) +
+            " in steps of " + std::to_string(step) + ")";
+    uint32_t want = static_cast<uint32_t>(std::lround(share * total / step)) * step;
+    want = std::max(want, least);
+
+    sm_registry& registry = sm_pools();
+    std::lock_guard lock(registry.mutex);
+    sm_pool& pool = registry.pools[device];
+    uint32_t available = total;
+    if (pool.started)
+      available = pool.left.type == CU_DEV_RESOURCE_TYPE_SM ? pool.left.sm.smCount : 0;
+    if (available < least) {
+      fail("only " + std::to_string(available) +
+           " SMs are left by the other engines of this process on the device");
+    }
+    // Rounding may ask for a few more than the others left: take what is left then.
+    want = std::min(want, available);
+    CUdevResource group{}, remaining{};
+    if (pool.started && (want == available || !pool.rest)) {
+      group = pool.left;  // all that is left (or what cannot be split again), whole
+    } else {
+      CUdevResource input = whole;
+      if (pool.started) {
+        check(drv().cuGreenCtxGetDevResource(pool.rest, &input, CU_DEV_RESOURCE_TYPE_SM),
+              "cuGreenCtxGetDevResource");
+      }
+      unsigned int groups = 1;
+      CUresult split =
+          drv().cuDevSmResourceSplitByCount(&group, &groups, &input, &remaining, 0, want);
+      if (split != CUDA_SUCCESS || groups == 0) {
+        // What an earlier split left need not be aligned to whole clusters: split it SM by SM.
+        groups = 1;
+        split = drv().cuDevSmResourceSplitByCount(&group, &groups, &input, &remaining,
+                                                  CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING,
+                                                  want);
+      }
+      if (split != CUDA_SUCCESS || groups == 0) {
+        fail("cannot split " + std::to_string(want) + " SMs from the " + std::to_string(available) +
+             " available" + (split != CUDA_SUCCESS ? ": " + cu_error_text(split) : std::string()));
+      }
+    }
+    auto part = std::make_unique<sm_partition>();
+    part->device = device;
+    CUdevResourceDesc desc = nullptr;
+    check(drv().cuDevResourceGenerateDesc(&desc, &group, 1), "cuDevResourceGenerateDesc");
+    check(drv().cuGreenCtxCreate(&part->green, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM),
+          "cuGreenCtxCreate");
+    check(drv().cuCtxFromGreenCtx(&part->ctx, part->green), "cuCtxFromGreenCtx");
+    part->sms = group.sm.smCount;
+    // Park the rest for the next engine. Without a green context for it, the next engine can
+    // only take it whole.
+    CUgreenCtx rest = nullptr;
+    if (remaining.type == CU_DEV_RESOURCE_TYPE_SM && remaining.sm.smCount > 0) {
+      CUdevResourceDesc rest_desc = nullptr;
+      if (drv().cuDevResourceGenerateDesc(&rest_desc, &remaining, 1) != CUDA_SUCCESS ||
+          drv().cuGreenCtxCreate(&rest, rest_desc, dev, CU_GREEN_CTX_DEFAULT_STREAM) !=
+              CUDA_SUCCESS) {
+        rest = nullptr;
+      }
+    }
+    if (pool.rest) drv().cuGreenCtxDestroy(pool.rest);
+    pool.started = true;
+    pool.left = remaining;
+    pool.rest = rest;
+    ++pool.live;
+    part->registered = true;
+    return part;
+  }
+};
+
+namespace {
+
+/// A stream destroyed with its last owner.
+std::shared_ptr<void> owned_stream(cudaStream_t stream) {
+  return std::shared_ptr<void>(stream, [](void* s) { cudaStreamDestroy(as_stream(s)); });
+}
+
+/// The stream that shared_stream engines of this process on `device` enqueue on, at the default
+/// (lowest) priority. Needs `device` current.
+std::shared_ptr<void> shared_device_stream(int device) {
+  static std::mutex mutex;
+  static std::map<int, std::weak_ptr<void>> streams;
+  std::lock_guard lock(mutex);
+  if (auto alive = streams[device].lock()) return alive;
+  int least = 0, greatest = 0;
+  CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, least));
+  std::shared_ptr<void> owned = owned_stream(stream);
+  streams[device] = owned;
+  return owned;
+}
+
+}  // namespace
+
+cuda_engine::device_scope::device_scope(void* green_ctx, int device, bool check) {
+  if (!green_ctx) {
+    const cudaError_t e = cudaSetDevice(device);
+    if (check && e != cudaSuccess) cuda_fail(e, "cudaSetDevice(device)", __FILE__, __LINE__);
+    return;
+  }
+  CUcontext previous = nullptr;
+  CUresult r = drv().cuCtxGetCurrent(&previous);
+  if (r == CUDA_SUCCESS) r = drv().cuCtxSetCurrent(static_cast<CUcontext>(green_ctx));
+  if (r != CUDA_SUCCESS) {
+    if (check) CU_CHECK(r);
+    return;
+  }
+  previous_ = previous;
+  restore_ = true;
+}
+
+cuda_engine::device_scope::~device_scope() {
+  if (restore_) drv().cuCtxSetCurrent(static_cast<CUcontext>(previous_));
+}
+
+cuda_engine::device_scope cuda_engine::bind_device(bool check) const {
+  return device_scope(partition_ ? partition_->ctx : nullptr, params_.device, check);
+}
+
 // ------------------------------------------------------------------------------------- engine
 
 cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_params params)
@@ -352,6 +622,10 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
     throw std::invalid_argument("cuda_engine: max_batch must be positive");
   if (params_.prefill_tokens == 0)
     throw std::invalid_argument("cuda_engine: prefill_tokens must be positive");
+  if (!(params_.sm_share > 0.0 && params_.sm_share <= 1.0))
+    throw std::invalid_argument("cuda_engine: sm_share must be in (0, 1]");
+  if (params_.shared_stream && params_.sm_share < 1.0)
+    throw std::invalid_argument("cuda_engine: a shared stream runs on the whole GPU (sm_share 1)");
   int devices = 0;
   CUDA_CHECK(cudaGetDeviceCount(&devices));
   if (params_.device < 0 || params_.device >= devices) {
@@ -369,7 +643,10 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
     if (c.hidden_size % 8 || c.intermediate_size % 8)
       throw std::runtime_error("cuda_engine: hidden and FFN sizes must be multiples of 8");
   }
-  weights_ = load_cuda_weights_shared(model_dir, params_.device);
+  // Before the big load, so an impossible split fails fast; the primary context is current.
+  if (params_.sm_share < 1.0) partition_ = sm_partition::make(params_.device, params_.sm_share);
+  weights_ = load_cuda_weights_shared(model_dir, params_.device);  // primary context
+  const device_scope bound = bind_device();  // everything below lives in the engine's context
   const transformer_config& c = weights_->config;
   const uint32_t hidden = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(),
                  ffn = c.intermediate_size;
@@ -380,10 +657,30 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
   sm_count_ = prop.multiProcessorCount;
   int least = 0, greatest = 0;
   CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  cudaStream_t stream = nullptr;
-  CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking,
-                                          params_.high_priority ? greatest : least));
-  stream_ = stream;
+  const int priority = params_.high_priority ? greatest : least;
+  if (partition_) {
+    // Kernel grids (split-K, attention splits) are sized for the SMs granted.
+    sm_count_ = static_cast<int>(partition_->sms);
+    CUstream stream = nullptr;
+    CU_CHECK(
+        drv().cuGreenCtxStreamCreate(&stream, partition_->green, CU_STREAM_NON_BLOCKING, priority));
+    stream_owner_ = owned_stream(stream);
+    std::fprintf(stderr, "cuda_engine: device %d: green context of %u of %d SMs (sm_share %g)\n",
+                 params_.device, partition_->sms, prop.multiProcessorCount, params_.sm_share);
+  } else if (params_.shared_stream) {
+    stream_owner_ = shared_device_stream(params_.device);
+    // Another engine's thread may enqueue on the shared stream at any time, which would land in
+    // (and break) a capture there: decode graphs are captured on a private stream instead.
+    cudaStream_t capture = nullptr;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking));
+    capture_owner_ = owned_stream(capture);
+  } else {
+    cudaStream_t stream = nullptr;
+    CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, priority));
+    stream_owner_ = owned_stream(stream);
+  }
+  stream_ = stream_owner_.get();
+  capture_stream_ = capture_owner_ ? capture_owner_.get() : stream_;
 
   device_buffers& b = *buf_;
   kcheck(b.gemm.init());
@@ -473,16 +770,21 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
 }
 
 cuda_engine::~cuda_engine() {
-  cudaSetDevice(params_.device);
-  if (stream_) cudaStreamSynchronize(as_stream(stream_));
-  for (auto& [bucket, g] : graphs_) {
-    if (g.exec) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g.exec));
+  {
+    const device_scope bound = bind_device(false);
+    // On a shared stream this also waits for the other engines' work queued there.
+    if (stream_) cudaStreamSynchronize(as_stream(stream_));
+    for (auto& [bucket, g] : graphs_) {
+      if (g.exec) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g.exec));
+    }
+    for (auto& [handle, ptr] : opened_pools_) cudaIpcCloseMemHandle(ptr);
+    if (copy_ids_) cudaFree(copy_ids_);
+    if (pool_) cudaFree(pool_);
+    buf_.reset();
+    capture_owner_.reset();
+    stream_owner_.reset();  // a green context's streams go before the context
   }
-  for (auto& [handle, ptr] : opened_pools_) cudaIpcCloseMemHandle(ptr);
-  if (copy_ids_) cudaFree(copy_ids_);
-  if (pool_) cudaFree(pool_);
-  buf_.reset();
-  if (stream_) cudaStreamDestroy(as_stream(stream_));
+  partition_.reset();
 }
 
 const transformer_config& cuda_engine::config() const {
@@ -541,11 +843,11 @@ void cuda_engine::upload(const pass& ps) {
   CUDA_CHECK(cudaEventRecord(b.meta_sent, as_stream(stream_)));
 }
 
-void cuda_engine::forward(const pass& ps) {
+void cuda_engine::forward(const pass& ps, void* stream) {
   device_buffers& b = *buf_;
   const cuda_weights& w = *weights_;
   const transformer_config& c = w.config;
-  const cudaStream_t s = as_stream(stream_);
+  const cudaStream_t s = as_stream(stream);
   const uint32_t hidden = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(),
                  ffn = c.intermediate_size;
   const uint32_t qkv_dim = qd + 2 * kvd;
@@ -717,7 +1019,7 @@ void cuda_engine::finish_samples(const pass& ps, std::vector<sample_result>& res
 }
 
 step_output cuda_engine::prefill(std::span<const prefill_chunk> chunks) {
-  CUDA_CHECK(cudaSetDevice(params_.device));
+  const device_scope bound = bind_device();
   const uint32_t vocab = info_.vocab_size;
   for (const auto& ch : chunks) {
     if (ch.tokens.empty())
@@ -822,7 +1124,7 @@ step_output cuda_engine::prefill(std::span<const prefill_chunk> chunks) {
       if (ps.outputs == b.max_outputs) break;
     }
     upload(ps);
-    forward(ps);
+    forward(ps, stream_);
     if (ps.outputs > 0) finish_samples(ps, results, kept);
   }
   CUDA_CHECK(cudaStreamSynchronize(as_stream(stream_)));
@@ -907,20 +1209,22 @@ void cuda_engine::decode_part(std::span<const decode_slot> slots,
   if (params_.cuda_graphs) {
     decode_graph& g = graphs_[ps.rows];
     if (!g.exec && !g.failed) {
-      // Warm up eagerly (GEMM plans and tuning happen outside capture), then capture.
-      forward(ps);
+      // Warm up eagerly (GEMM plans and tuning happen outside capture), then capture (on
+      // capture_stream_: nothing else enqueues there; the graph is launched on s).
+      forward(ps, stream_);
       CUDA_CHECK(cudaStreamSynchronize(s));
-      CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      const cudaStream_t cs = as_stream(capture_stream_);
+      CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
       bool captured = true;
       std::string why;
       try {
-        forward(ps);
+        forward(ps, capture_stream_);
       } catch (const std::exception& e) {
         captured = false;
         why = e.what();
       }
       cudaGraph_t graph = nullptr;
-      const cudaError_t end = cudaStreamEndCapture(s, &graph);
+      const cudaError_t end = cudaStreamEndCapture(cs, &graph);
       cudaGraphExec_t exec = nullptr;
       if (captured && end == cudaSuccess && graph &&
           cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess) {
@@ -946,14 +1250,14 @@ void cuda_engine::decode_part(std::span<const decode_slot> slots,
     }
   }
   if (!replayed) {
-    forward(ps);
+    forward(ps, stream_);
     ++eager_steps_;
   }
   finish_samples(ps, results, kept_logits);
 }
 
 step_output cuda_engine::decode(std::span<const decode_slot> slots) {
-  CUDA_CHECK(cudaSetDevice(params_.device));
+  const device_scope bound = bind_device();
   const uint32_t vocab = info_.vocab_size;
   for (const auto& s : slots) {
     if (s.history.empty())
@@ -998,7 +1302,7 @@ bool cuda_engine::read_blocks(std::span<const uint32_t> blocks, std::span<std::b
   for (uint32_t blk : blocks) {
     if (blk >= kv_blocks_) return false;
   }
-  CUDA_CHECK(cudaSetDevice(params_.device));
+  const device_scope bound = bind_device();
   const cudaStream_t s = as_stream(stream_);
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     CUDA_CHECK(cudaMemcpyAsync(out.data() + i * info_.block_bytes,
@@ -1014,7 +1318,7 @@ bool cuda_engine::write_blocks(std::span<const uint32_t> blocks, std::span<const
   for (uint32_t blk : blocks) {
     if (blk >= kv_blocks_) return false;
   }
-  CUDA_CHECK(cudaSetDevice(params_.device));
+  const device_scope bound = bind_device();
   const cudaStream_t s = as_stream(stream_);
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(pool_) + blocks[i] * info_.block_bytes,
@@ -1029,7 +1333,7 @@ msg::kv_pool_export cuda_engine::export_pool() const {
   msg::kv_pool_export e;
   if (host_boot_id().empty()) return e;
   if (ipc_handle_hex_.empty()) {
-    CUDA_CHECK(cudaSetDevice(params_.device));
+    const device_scope bound = bind_device();
     cudaIpcMemHandle_t handle;
     if (cudaIpcGetMemHandle(&handle, pool_) != cudaSuccess) {
       cudaGetLastError();  // not shareable here (e.g. no IPC support): the stream path remains
@@ -1068,9 +1372,11 @@ bool cuda_engine::import_blocks(const msg::kv_pool_export& from, std::span<const
       return false;
     }
   }
-  CUDA_CHECK(cudaSetDevice(params_.device));
+  const device_scope bound = bind_device();
   const char* base = nullptr;
   if (from.pid == static_cast<int32_t>(::getpid())) {
+    // The same process on another GPU: the gather kernel reads the pool over peer access.
+    if (from.device != params_.device && !enable_peer(from.device, error)) return false;
     base = reinterpret_cast<const char*>(from.base);  // IPC handles cannot be opened by their exporter
   } else if (auto it = opened_pools_.find(from.handle); it != opened_pools_.end()) {
     base = static_cast<const char*>(it->second);
@@ -1111,6 +1417,36 @@ bool cuda_engine::import_blocks(const msg::kv_pool_export& from, std::span<const
   return true;
 }
 
+bool cuda_engine::enable_peer(int device, std::string& error) {
+  if (peers_.count(device)) return true;
+  int devices = 0;
+  CUDA_CHECK(cudaGetDeviceCount(&devices));
+  if (device < 0 || device >= devices) {
+    error = "the source pool is on device " + std::to_string(device) + ", which does not exist";
+    return false;
+  }
+  int can = 0;
+  CUDA_CHECK(cudaDeviceCanAccessPeer(&can, params_.device, device));
+  if (!can) {
+    error = "device " + std::to_string(params_.device) + " cannot access the memory of device " +
+            std::to_string(device) + " (no peer access between them); use the stream transfer path";
+    return false;
+  }
+  // Peer access belongs to the context (the primary one, also under a green context): once per
+  // process and pair, so an earlier engine may have enabled it already.
+  const cudaError_t e = cudaDeviceEnablePeerAccess(device, 0);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    if (e != cudaErrorPeerAccessAlreadyEnabled) {
+      error = "cannot enable peer access from device " + std::to_string(params_.device) +
+              " to device " + std::to_string(device) + ": " + cudaGetErrorString(e);
+      return false;
+    }
+  }
+  peers_.insert(device);
+  return true;
+}
+
 std::unique_ptr<engine> make_cuda_engine(const deployment_config& config,
                                          const actor_config& actor) {
   if (config.model.path.empty()) {
@@ -1128,6 +1464,8 @@ std::unique_ptr<engine> make_cuda_engine(const deployment_config& config,
   params.max_batch = std::max(1u, actor.max_batch);
   params.prefill_tokens = std::max(1u, actor.chunk_tokens);
   params.high_priority = actor.role == actor_role::decode;
+  params.sm_share = actor.sm_share;
+  params.shared_stream = actor.stream == "shared";
   return std::make_unique<cuda_engine>(config.model.path, std::move(params));
 }
 

@@ -5,13 +5,16 @@
 //
 // Weights are loaded once per (checkpoint, device) in the process and shared read-only by every
 // engine on that device (QKV and gate/up fused at load). Everything else (stream, KV pool,
-// workspace, graphs) belongs to one engine. Errors at load and CUDA errors in a step throw
-// std::runtime_error naming the file:line of the failed call; bad step inputs throw
-// std::invalid_argument before anything touches the device (the engine stays usable).
+// workspace, graphs) belongs to one engine, except a stream marked shared (one per device) and
+// the SMs: an engine with sm_share < 1 runs in a green context holding its part of the device.
+// Errors at load and CUDA errors in a step throw std::runtime_error naming the file:line of the
+// failed call; bad step inputs throw std::invalid_argument before anything touches the device
+// (the engine stays usable).
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -36,6 +39,8 @@ struct cuda_engine_params {
   uint32_t prefill_tokens = 2048;  // rows per prefill forward pass (longer steps run in pieces)
   bool high_priority = false;      // the stream gets the device's highest priority (decode actors)
   bool cuda_graphs = true;         // decode steps replay captured graphs
+  double sm_share = 1.0;       // < 1: kernels run in a green context of this fraction of the SMs
+  bool shared_stream = false;  // one stream for every such engine of the process on this device
 };
 
 struct cuda_weights;
@@ -85,17 +90,36 @@ class cuda_engine final : public engine {
   /// Decode steps so far that ran from a captured graph / eagerly.
   [[nodiscard]] uint64_t graph_steps() const { return graph_steps_; }
   [[nodiscard]] uint64_t eager_steps() const { return eager_steps_; }
+  /// SMs this engine's kernels run on: its green context's grant (sm_share < 1), else the device's.
+  [[nodiscard]] uint32_t sm_count() const { return static_cast<uint32_t>(sm_count_); }
 
  private:
   struct device_buffers;
   struct pass;
+  struct sm_partition;
+  /// While alive, the engine's green context is current on this thread and the thread's previous
+  /// context comes back at the end (a green context may be current to one thread at a time, and
+  /// CAF moves actors between threads). Without one: cudaSetDevice, left in place as before.
+  class device_scope {
+   public:
+    device_scope(void* green_ctx, int device, bool check);
+    ~device_scope();
+    device_scope(const device_scope&) = delete;
+    device_scope& operator=(const device_scope&) = delete;
+
+   private:
+    void* previous_ = nullptr;  // CUcontext
+    bool restore_ = false;
+  };
   struct decode_graph {
     void* exec = nullptr;  // cudaGraphExec_t
     uint32_t max_splits = 1;
     bool failed = false;
   };
 
-  void forward(const pass& ps);
+  /// Every entry point that touches the device starts with this.
+  [[nodiscard]] device_scope bind_device(bool check = true) const;
+  void forward(const pass& ps, void* stream);
   void upload(const pass& ps);
   void run_pass(pass& ps, std::vector<sample_result>& results, std::vector<float>& kept_logits);
   void finish_samples(const pass& ps, std::vector<sample_result>& results,
@@ -105,11 +129,16 @@ class cuda_engine final : public engine {
   [[nodiscard]] uint32_t bucket_of(uint32_t rows) const;
   [[nodiscard]] uint32_t splits_for(uint32_t rows) const;
   void check_blocks(std::span<const uint32_t> blocks, uint64_t positions, const char* what) const;
+  bool enable_peer(int device, std::string& error);
 
   std::shared_ptr<const cuda_weights> weights_;
   cuda_engine_params params_;
   engine_info info_;
-  void* stream_ = nullptr;  // cudaStream_t
+  std::unique_ptr<sm_partition> partition_;  // declared before the streams: destroyed after them
+  std::shared_ptr<void> stream_owner_;       // the stream; shared by engines when shared_stream
+  std::shared_ptr<void> capture_owner_;      // shared_stream: a private stream for graph capture
+  void* stream_ = nullptr;                   // cudaStream_t, stream_owner_.get()
+  void* capture_stream_ = nullptr;  // where decode graphs are captured (stream_ unless shared)
   std::unique_ptr<device_buffers> buf_;
   void* pool_ = nullptr;
   uint32_t kv_blocks_ = 0;  // usable blocks; block kv_blocks_ is scratch for padded rows
@@ -127,14 +156,15 @@ class cuda_engine final : public engine {
   mutable std::string ipc_handle_hex_;           // cudaIpcGetMemHandle of pool_, taken on first export
   std::map<std::string, void*> opened_pools_;    // other processes' pools, opened once each
   uint32_t* copy_ids_ = nullptr;                 // device: source then destination ids of an import
+  std::set<int> peers_;             // devices whose memory this engine's context may read
   uint32_t attention_variant_ = 0;  // kernels/attention.cuh variant (DUET_CUDA_ATTN_VARIANT)
   uint64_t graph_steps_ = 0;
   uint64_t eager_steps_ = 0;
 };
 
 /// engine.kind "cuda": loads config.model.path on actor.device with the actor's KV pool size
-/// (kv_blocks, or kv_memory_fraction of free memory), max_batch and chunk_tokens; decode actors
-/// get the high-priority stream.
+/// (kv_blocks, or kv_memory_fraction of free memory), max_batch, chunk_tokens, sm_share and stream
+/// ("shared": shared_stream); decode actors get the high-priority stream.
 [[nodiscard]] std::unique_ptr<engine> make_cuda_engine(const deployment_config& config,
                                                        const actor_config& actor);
 

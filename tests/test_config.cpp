@@ -194,6 +194,7 @@ TEST_CASE("keys left out of a file take the defaults written in config.hpp") {
   const duet::actor_config actor_defaults;
   CHECK(prefill.device == 0);
   CHECK(prefill.sm_share == 1.0);
+  CHECK(prefill.stream == "own");
   CHECK(prefill.kv_blocks == actor_defaults.kv_blocks);
   CHECK(prefill.kv_memory_fraction == 0.0);
   CHECK(prefill.max_batch == 64);
@@ -606,6 +607,25 @@ sm_share = 0.4
   CHECK_NOTHROW((void)parse_config(other_device, "t"));
   // Unsplit actors (sm_share = 1) share the whole GPU, as in colocated serving.
   CHECK_NOTHROW((void)parse_config(one_node, "t"));
+}
+
+TEST_CASE("an actor runs on its own stream unless it says the device's stream is shared") {
+  CHECK(parse_config(one_node, "t").nodes[0].actors[3].stream == "own");
+  CHECK(parse_config(one_node + "stream = \"own\"\n", "t").nodes[0].actors[3].stream == "own");
+  const auto shared = parse_config(one_node + "stream = \"shared\"\n", "t");
+  CHECK(shared.nodes[0].actors[3].stream == "shared");
+  CHECK(shared.nodes[0].actors[2].stream == "own");
+}
+
+TEST_CASE("a stream is own or shared, and a shared stream cannot have an SM share") {
+  CHECK_REJECTS(one_node + "stream = \"private\"\n",
+                "t.toml:16:10: key 'nodes[0].actors[3].stream': must be one of: own, shared "
+                "(got 'private'");
+  CHECK_REJECTS(one_node + "stream = \"shared\"\nsm_share = 0.5\n",
+                "t.toml:16:10: key 'nodes[0].actors[3].stream': \"shared\" runs on the whole GPU "
+                "and cannot be combined with sm_share 0.5");
+  CHECK_NOTHROW(
+      (void)parse_config(one_node + "stream = \"own\"\nsm_share = 0.5\ndevice = 1\n", "t"));
 }
 
 TEST_CASE("kv_memory_fraction lies in [0, 1) and counts are at least 1") {
