@@ -84,13 +84,15 @@ efficiency_curve curve(const std::filesystem::path& file, const toml::node& node
 gpu_calibration calibration_from(const toml::table& root, const std::filesystem::path& file,
                                  std::string_view expected_gpu) {
   static const std::set<std::string, std::less<>> keys = {
-      "gpu", "measured", "source", "step_overhead_s", "gemm", "attention", "memory"};
+      "gpu", "measured", "source", "step_overhead_s", "decode_sequence_overhead_s",
+      "gemm", "attention", "memory", "split_bandwidth"};
   gpu_calibration cal;
   cal.source = file.string();
   for (const auto& [k, v] : root) {
     if (!keys.contains(k.str())) {
       fail(file, &v, k.str(),
-           "unknown key (known: gpu, measured, source, step_overhead_s, gemm, attention, memory)");
+           "unknown key (known: gpu, measured, source, step_overhead_s, "
+           "decode_sequence_overhead_s, gemm, attention, memory, split_bandwidth)");
     }
   }
   if (const auto* gpu = root.get("gpu")) {
@@ -110,6 +112,14 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
   if (const auto* n = root.get("gemm")) cal.gemm = curve(file, *n, "gemm");
   if (const auto* n = root.get("attention")) cal.attention = curve(file, *n, "attention");
   if (const auto* n = root.get("memory")) cal.memory = curve(file, *n, "memory");
+  if (const auto* n = root.get("decode_sequence_overhead_s"))
+    cal.decode_sequence_overhead_s = number(file, *n, "decode_sequence_overhead_s", false);
+  if (const auto* n = root.get("split_bandwidth")) {
+    cal.split_bandwidth = curve(file, *n, "split_bandwidth");
+    for (const auto& [share, fraction] : cal.split_bandwidth.points) {
+      if (share > 1.0) fail(file, n, "split_bandwidth", "SM shares must be at most 1");
+    }
+  }
   return cal;
 }
 

@@ -95,8 +95,10 @@ double cost_model::decode_seconds(uint32_t batch, uint64_t context_tokens_total)
   const auto& cal = gpu_.calibration;
   const double linear = 2.0 * double(shape_.linear_params()) * batch;
   const double attention = 4.0 * shape_.layers * shape_.heads * shape_.head_dim * double(context_tokens_total);
-  // A share of the SMs still reaches most of the bandwidth; model it as sqrt(share).
-  const double bw_share = std::min(1.0, std::sqrt(sm_share_) * 1.1);
+  // A share of the SMs still reaches most of the bandwidth with well-pipelined kernels
+  // (sqrt(share)); a calibration says how much an engine's own kernels reach.
+  const double bw_default = std::min(1.0, std::sqrt(sm_share_) * 1.1);
+  const double bw_share = sm_share_ >= 1.0 ? 1.0 : cal.split_bandwidth.at(sm_share_, bw_default);
   const double bytes = double(shape_.weight_bytes()) + double(shape_.kv_bytes_per_token()) * context_tokens_total;
   const double peak = gpu_.bf16_flops * sm_share_;
   const double compute =
@@ -104,7 +106,8 @@ double cost_model::decode_seconds(uint32_t batch, uint64_t context_tokens_total)
       attention / (peak * cal.attention.at(double(context_tokens_total) / batch, gpu_.gemm_efficiency));
   const double memory =
       bytes / (gpu_.memory_bandwidth * cal.memory.at(bytes, gpu_.bandwidth_efficiency) * bw_share);
-  return std::max(compute, memory) + cal.step_overhead_s.value_or(gpu_.step_overhead_s);
+  return std::max(compute, memory) + cal.step_overhead_s.value_or(gpu_.step_overhead_s) +
+         cal.decode_sequence_overhead_s.value_or(0.0) * batch;
 }
 
 }  // namespace duet

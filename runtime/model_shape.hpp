@@ -52,7 +52,10 @@ struct gpu_calibration {
   efficiency_curve gemm;        // x: tokens in the step (GEMM M); fraction of peak FLOP/s
   efficiency_curve attention;   // x: mean keys per query; fraction of peak FLOP/s
   efficiency_curve memory;      // x: bytes read by the step; fraction of peak bandwidth
+  efficiency_curve split_bandwidth;  // x: SM share (< 1); fraction of the whole GPU's bandwidth
+                                     // an engine on that share reaches (default min(1, 1.1·√s))
   std::optional<double> step_overhead_s;
+  std::optional<double> decode_sequence_overhead_s;  // host work per sequence per decode step
 };
 
 /// A GPU's spec-sheet peaks and the fractions of them reached in practice.

@@ -320,6 +320,24 @@ TEST_CASE(
   CHECK(calibrated.decode_seconds(1, 1024) ==
         Approx(bytes / (h20.memory_bandwidth * cal.memory.at(bytes, 0))));
 
+  // An engine whose kernels reach less bandwidth on a share of the SMs, and host work per
+  // sequence per decode step (both measured on the H200: docs/benchmarks.md).
+  std::ofstream(dir / "split.toml") << "memory = [[1e6, 0.5]]\ndecode_sequence_overhead_s = 20e-6\n"
+                                       "split_bandwidth = [[0.3, 0.38], [0.5, 0.6], [1.0, 1.0]]\n";
+  auto split_gpu = h20;
+  split_gpu.calibration = load_gpu_calibration(dir / "split.toml");
+  const cost_model half(shape, split_gpu, 0.5), whole(shape, split_gpu, 1.0);
+  const double overhead = h20.step_overhead_s + 8 * 20e-6;
+  CHECK(half.decode_seconds(8, 8 * 1024) - overhead ==
+        Approx((whole.decode_seconds(8, 8 * 1024) - overhead) / 0.6).epsilon(1e-9));
+  const cost_model default_half(shape, h20, 0.5), default_whole(shape, h20, 1.0);
+  CHECK(default_half.decode_seconds(8, 8 * 1024) - h20.step_overhead_s ==
+        Approx((default_whole.decode_seconds(8, 8 * 1024) - h20.step_overhead_s) / (1.1 * std::sqrt(0.5)))
+            .epsilon(1e-9));
+  std::ofstream(dir / "share_above_one.toml") << "split_bandwidth = [[0.5, 0.6], [2.0, 1.0]]\n";
+  CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "share_above_one.toml"); }),
+                 "SM shares must be at most 1"));
+
   std::ofstream(dir / "unsorted.toml") << "gemm = [[100, 0.5], [1, 0.1]]\n";
   CHECK(contains(
       error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "unsorted.toml"); }),
