@@ -401,7 +401,8 @@ int run_bench_serve(const sim_commands::state& s) {
   if (target.http) {
     raise_fd_limit();
     http_replay_options o;
-    o.model = s.model.empty() ? wait_for_http_model(target.web, s.api_key, wait) : s.model;
+    const std::string served = wait_for_http_model(target.web, s.api_key, wait);
+    o.model = s.model.empty() ? served : s.model;
     o.api_key = s.api_key;
     o.temperature = s.temperature;
     o.prompt_vocab = s.prompt_vocab;

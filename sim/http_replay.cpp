@@ -196,6 +196,7 @@ class http_request_session : public std::enable_shared_from_this<http_request_se
   }
 
   [[nodiscard]] std::string outcome() const {
+    if (status_ == 0) return "http_error";  // closed before any response header
     if (status_ == 429 || status_ == 503) return "rejected_" + std::to_string(status_);
     if (status_ != 200) return "http_" + std::to_string(status_);
     if (error_event_ || !done_seen_) return "http_error";
@@ -207,6 +208,11 @@ class http_request_session : public std::enable_shared_from_this<http_request_se
     auto& rec = state_.records[index_];
     rec.output_tokens = completion_tokens_.value_or(
         rec.first_token_s ? static_cast<uint32_t>(rec.itl_s.size() + 1) : 0);
+    // Tokens the front end merged into one event (it fell a write behind, or a token ended
+    // mid-character) arrived together: 0 gaps, as the ZeroMQ replay records a batch.
+    if (rec.first_token_s && rec.output_tokens > 0) {
+      while (rec.itl_s.size() + 1 < rec.output_tokens) rec.itl_s.push_back(0.0);
+    }
     close();
     state_.finish(index_, outcome);
   }

@@ -84,7 +84,11 @@ std::vector<request_record> replay_live(client& c, std::span<const trace_request
           const auto reason = e.finish.reason;
           const bool ok =
               reason == msg::finish_reason::stop || reason == msg::finish_reason::length;
-          finish(i, ok ? std::string(request_outcome_ok) : std::string(msg::to_string(reason)));
+          // ignore_eos: anything but the asked length is a short answer, as over HTTP.
+          const bool full = rec.output_tokens == std::max<uint32_t>(trace[i].output_tokens, 1);
+          finish(i, !ok   ? std::string(msg::to_string(reason))
+                    : full ? std::string(request_outcome_ok)
+                           : "short_" + std::string(msg::to_string(reason)));
           break;
         }
       }
