@@ -14,6 +14,8 @@
 #             separate streams (decode at high priority), PD with the SMs split by green contexts
 #             at 50/50 and 70/30; two deployments at a time, one per GPU when two are visible
 #   handover  bench_kv_handover --gpus 0,1: KV bytes between the two GPUs (IPC, NCCL, peer floor)
+#   high      heavier load: conversation x5 (colocated, PD streams, PD 50/50), code x1
+#             (colocated, PD streams, PD 70/30), two at a time
 #   two       1P1D: prefill process on GPU 0, decode process on GPU 1 (KV over CUDA IPC), both
 #             traces at twice the one-GPU rate (the load two colocated GPUs would share)
 # Needs .devdeps/ (as scripts/gpu-handover.sh) and the traces in $DUET_TRACES (default .devdata:
@@ -33,6 +35,9 @@ SLO=ttft=2s,tpot=50ms
 # as the calibrated simulator predicts it (docs/benchmarks.md gives the reasoning).
 CONV="AzureLLMInferenceTrace_conv_2023.csv 0 180 3"
 CODE="AzureLLMInferenceTrace_code_2023.csv 180 60 0.7"
+# Heavier load (stage high): where goodput separates, and an out-of-sample check of the calibration.
+CONV_HIGH="AzureLLMInferenceTrace_conv_2023.csv 0 300 5"
+CODE_HIGH="AzureLLMInferenceTrace_code_2023.csv 180 60 1"
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 if [ -d .devdeps ]; then
   source .devdeps/unpack-debs.sh .devdeps
@@ -173,6 +178,24 @@ if has one; then
     a=$!
     [ "$g1" = 0 ] && wait $a
     serve "$tag-pd-green70" 1 green:0.7 "$g1" "$@"
+    wait $a
+  done
+fi
+
+if has high; then
+  echo "=== one GPU, heavier load ($(date +%T))"
+  g1=0; [ "$GPUS" -ge 2 ] && g1=1
+  rounds=("conv5-colocated colocated $CONV_HIGH|conv5-pd-green50 green:0.5 $CONV_HIGH"
+          "conv5-pd-streams streams $CONV_HIGH|code1-pd-green70 green:0.7 $CODE_HIGH"
+          "code1-colocated colocated $CODE_HIGH|code1-pd-streams streams $CODE_HIGH")
+  for r in "${rounds[@]}"; do
+    IFS='|' read -r first second <<<"$r"
+    set -- $first
+    serve "$1" 0 "$2" 0 "${@:3}" &
+    a=$!
+    [ "$g1" = 0 ] && wait $a
+    set -- $second
+    serve "$1" 1 "$2" "$g1" "${@:3}"
     wait $a
   done
 fi
