@@ -16,6 +16,7 @@
 #   handover  bench_kv_handover --gpus 0,1: KV bytes between the two GPUs (IPC, NCCL, peer floor)
 #   high      heavier load: conversation x5 (colocated, PD streams, PD 50/50), code x1
 #             (colocated, PD streams, PD 70/30), two at a time
+#   long      conversation x3 for three minutes: colocated, PD streams, PD 50/50
 #   two       1P1D: prefill process on GPU 0, decode process on GPU 1 (KV over CUDA IPC), both
 #             traces at twice the one-GPU rate (the load two colocated GPUs would share)
 # Needs .devdeps/ (as scripts/gpu-handover.sh) and the traces in $DUET_TRACES (default .devdata:
@@ -37,6 +38,8 @@ CONV="AzureLLMInferenceTrace_conv_2023.csv 0 180 3"
 CODE="AzureLLMInferenceTrace_code_2023.csv 180 60 0.7"
 # Heavier load (stage high): where goodput separates, and an out-of-sample check of the calibration.
 CONV_HIGH="AzureLLMInferenceTrace_conv_2023.csv 0 300 5"
+# Stage long: three minutes of replay (conversation 0-540 s at x3).
+CONV_LONG="AzureLLMInferenceTrace_conv_2023.csv 0 540 3"
 CODE_HIGH="AzureLLMInferenceTrace_code_2023.csv 180 60 1"
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 if [ -d .devdeps ]; then
@@ -198,6 +201,17 @@ if has high; then
     serve "$1" 1 "$2" "$g1" "${@:3}"
     wait $a
   done
+fi
+
+if has long; then
+  echo "=== one GPU, three minutes ($(date +%T))"
+  g1=0; [ "$GPUS" -ge 2 ] && g1=1
+  serve conv3long-colocated 0 colocated 0 $CONV_LONG &
+  a=$!
+  [ "$g1" = 0 ] && wait $a
+  serve conv3long-pd-streams 1 streams "$g1" $CONV_LONG
+  wait $a
+  serve conv3long-pd-green50 0 green:0.5 0 $CONV_LONG
 fi
 
 if has handover; then
