@@ -85,14 +85,16 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
                                  std::string_view expected_gpu) {
   static const std::set<std::string, std::less<>> keys = {
       "gpu", "measured", "source", "step_overhead_s", "decode_sequence_overhead_s",
-      "gemm", "attention", "memory", "split_bandwidth"};
+      "gemm", "attention", "memory", "split_bandwidth", "concurrent_decode_slowdown",
+      "concurrent_prefill_slowdown", "concurrent_decode_delay_s"};
   gpu_calibration cal;
   cal.source = file.string();
   for (const auto& [k, v] : root) {
     if (!keys.contains(k.str())) {
       fail(file, &v, k.str(),
            "unknown key (known: gpu, measured, source, step_overhead_s, "
-           "decode_sequence_overhead_s, gemm, attention, memory, split_bandwidth)");
+           "decode_sequence_overhead_s, gemm, attention, memory, split_bandwidth, "
+           "concurrent_decode_slowdown, concurrent_prefill_slowdown, concurrent_decode_delay_s)");
     }
   }
   if (const auto* gpu = root.get("gpu")) {
@@ -114,6 +116,15 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
   if (const auto* n = root.get("memory")) cal.memory = curve(file, *n, "memory");
   if (const auto* n = root.get("decode_sequence_overhead_s"))
     cal.decode_sequence_overhead_s = number(file, *n, "decode_sequence_overhead_s", false);
+  for (auto [key, slot] : {std::pair{"concurrent_decode_slowdown", &cal.concurrent_decode_slowdown},
+                           std::pair{"concurrent_prefill_slowdown", &cal.concurrent_prefill_slowdown}}) {
+    if (const auto* n = root.get(key)) {
+      *slot = number(file, *n, key, false);
+      if (**slot < 1.0) fail(file, n, key, "a slowdown is at least 1");
+    }
+  }
+  if (const auto* n = root.get("concurrent_decode_delay_s"))
+    cal.concurrent_decode_delay_s = number(file, *n, "concurrent_decode_delay_s", false);
   if (const auto* n = root.get("split_bandwidth")) {
     cal.split_bandwidth = curve(file, *n, "split_bandwidth");
     for (const auto& [share, fraction] : cal.split_bandwidth.points) {

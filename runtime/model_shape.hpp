@@ -56,6 +56,13 @@ struct gpu_calibration {
                                      // an engine on that share reaches (default min(1, 1.1·√s))
   std::optional<double> step_overhead_s;
   std::optional<double> decode_sequence_overhead_s;  // host work per sequence per decode step
+  // Engines of one GPU on streams of their own (event_sim): a step starting while the other
+  // engine is busy takes this many times as long (kernels from both streams share the SMs).
+  std::optional<double> concurrent_decode_slowdown;
+  std::optional<double> concurrent_prefill_slowdown;
+  // ... and a decode step starting while prefill runs waits this much longer in all: each of
+  // its few hundred small kernels queues for SMs behind the prefill GEMM's thread blocks.
+  std::optional<double> concurrent_decode_delay_s;
 };
 
 /// A GPU's spec-sheet peaks and the fractions of them reached in practice.

@@ -81,6 +81,7 @@ sim_deployment deployment_from_config(const deployment_config& config) {
       w.kv_blocks = a.kv_blocks;
       w.max_batch = a.max_batch;
       w.chunk_tokens = a.chunk_tokens;
+      w.own_stream = a.stream != "shared";
       d.workers.push_back(std::move(w));
     }
   }

@@ -333,7 +333,7 @@ class event_sim {
         u.decode = std::make_unique<decode_core>(w.address, ds, *u.engine);
         rs.decode_workers.push_back(w.address);
       }
-      if (w.sm_share >= 1) {
+      if (w.sm_share >= 1 && !w.own_stream) {
         auto it = full_timeline.find(w.gpu);
         if (it == full_timeline.end()) {
           it = full_timeline.emplace(w.gpu, static_cast<uint32_t>(timelines_.size())).first;
@@ -697,11 +697,14 @@ class event_sim {
       const auto wait =
           u.prefill ? u.prefill->begin_step(now_ms()) : u.decode->begin_step(now_ms());
       if (!wait) return false;
+      const auto [stretch, delay_ns] = contention(u, tl);
       tl.busy = true;
       tl.running = tl.units[pos];
       tl.last = pos;
       tl.step_start = now_;
-      push({now_ + std::max<int64_t>(wait->count(), 0), event_kind::step_done, false, t, 0});
+      const auto ns =
+          static_cast<int64_t>(static_cast<double>(std::max<int64_t>(wait->count(), 0)) * stretch) + delay_ns;
+      push({now_ + ns, event_kind::step_done, false, t, 0});
       return true;
     };
     if (n == 1 || deployment_.policy == step_policy::alternate) {
@@ -718,6 +721,21 @@ class event_sim {
           return;
       }
     }
+  }
+
+  /// How much longer a step of `u` takes because another engine of its GPU is busy on its
+  /// own stream right now: a factor and an added delay in ns (1 and 0 when alone, or on a
+  /// timeline of its own SMs).
+  std::pair<double, int64_t> contention(const unit& u, const timeline& tl) const {
+    if (!u.spec.own_stream || u.spec.sm_share < 1) return {1.0, 0};
+    for (const auto& other : timelines_) {
+      if (&other == &tl || other.gpu != tl.gpu || !other.busy) continue;
+      const auto& cal = specs_[tl.gpu].calibration;
+      if (!u.decode) return {cal.concurrent_prefill_slowdown.value_or(1.0), 0};
+      return {cal.concurrent_decode_slowdown.value_or(1.0),
+              static_cast<int64_t>(cal.concurrent_decode_delay_s.value_or(0.0) * 1e9)};
+    }
+    return {1.0, 0};
   }
 
   void step_done(uint32_t t) {
@@ -795,11 +813,12 @@ class event_sim {
       const auto& w = u->spec;
       char line[256];
       std::snprintf(line, sizeof line,
-                    "%-20s %-7s GPU %u (%s, host %u)  SM share %.2f  KV %u blocks  batch %u%s",
+                    "%-20s %-7s GPU %u (%s, host %u)  SM share %.2f  KV %u blocks  batch %u%s%s",
                     w.address.c_str(), u->prefill ? "prefill" : "decode", w.gpu,
                     deployment_.gpus[w.gpu].type.c_str(), deployment_.gpus[w.gpu].host, w.sm_share,
                     u->kv_blocks, w.max_batch,
-                    u->prefill ? ("  chunk " + std::to_string(w.chunk_tokens)).c_str() : "");
+                    u->prefill ? ("  chunk " + std::to_string(w.chunk_tokens)).c_str() : "",
+                    w.own_stream && w.sm_share >= 1 ? "  own stream" : "");
       out.emplace_back(line);
     }
     return out;

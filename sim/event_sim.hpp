@@ -92,8 +92,9 @@ struct sim_gpu {
 
 /// One prefill or decode worker: a real prefill_core or decode_core on one GPU. Workers of
 /// one GPU with sm_share 1 share the GPU's timeline (their steps never overlap: a colocated
-/// deployment); a worker with sm_share < 1 has a timeline of its own at that share of the
-/// SMs (an SM split), so it overlaps with the others.
+/// deployment) unless they have streams of their own (own_stream: concurrent, with the
+/// calibrated contention); a worker with sm_share < 1 has a timeline of its own at that share
+/// of the SMs (an SM split), so it overlaps with the others.
 struct sim_worker {
   std::string address;                    // "node/actor", as the router knows it
   actor_role role = actor_role::prefill;  // prefill | decode
@@ -103,6 +104,11 @@ struct sim_worker {
   double kv_memory_share = 1.0;           // of the GPU's KV memory, when kv_blocks == 0
   uint32_t max_batch = 64;
   uint32_t chunk_tokens = 2048;  // prefill
+  // At sm_share 1: the engine has a stream of its own (a config actor's stream = "own") and
+  // steps concurrently with the GPU's other workers, each step slowed by the calibration's
+  // contention factor while another worker of the GPU is busy. Otherwise the GPU's full-share
+  // workers take turns on one timeline (stream = "shared", and the colocated specs).
+  bool own_stream = false;
 };
 
 /// A deployment: GPUs, the workers on them, and how shared timelines take turns.

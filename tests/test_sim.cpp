@@ -334,6 +334,14 @@ TEST_CASE(
   CHECK(default_half.decode_seconds(8, 8 * 1024) - h20.step_overhead_s ==
         Approx((default_whole.decode_seconds(8, 8 * 1024) - h20.step_overhead_s) / (1.1 * std::sqrt(0.5)))
             .epsilon(1e-9));
+  std::ofstream(dir / "contention.toml") << "concurrent_decode_delay_s = 0.014\nconcurrent_prefill_slowdown = 1.2\n";
+  const auto contention = load_gpu_calibration(dir / "contention.toml");
+  CHECK(contention.concurrent_decode_delay_s == Approx(0.014));
+  CHECK(contention.concurrent_prefill_slowdown == Approx(1.2));
+  CHECK_FALSE(contention.concurrent_decode_slowdown.has_value());
+  std::ofstream(dir / "speedup.toml") << "concurrent_decode_slowdown = 0.5\n";
+  CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "speedup.toml"); }),
+                 "a slowdown is at least 1"));
   std::ofstream(dir / "share_above_one.toml") << "split_bandwidth = [[0.5, 0.6], [2.0, 1.0]]\n";
   CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "share_above_one.toml"); }),
                  "SM shares must be at most 1"));
@@ -540,6 +548,46 @@ TEST_CASE(
   CHECK(most_waiting >= 2);
   CHECK(small.counters.at("decode.double_frees") == 0);
   CHECK(small.counters.at("prefill.double_frees") == 0);
+}
+
+TEST_CASE(
+    "engines on streams of their own step concurrently on one GPU, slowed by the calibrated "
+    "contention; on one shared stream they take turns") {
+  auto config = default_config();
+  config.nodes.resize(1);
+  for (auto& a : config.nodes[0].actors) a.device = 0;  // prefill and decode on one GPU
+  auto own = deployment_from_config(config);
+  REQUIRE(own.gpus.size() == 1);
+  for (const auto& w : own.workers) CHECK(w.own_stream);
+  for (auto& a : config.nodes[0].actors) a.stream = "shared";
+  const auto shared = deployment_from_config(config);
+  for (const auto& w : shared.workers) CHECK_FALSE(w.own_stream);
+
+  const auto trace =
+      load_trace_spec("synthetic:poisson:rate=2,duration=30,in=2000,out=100,seed=11");
+  const auto turns = summarize(run_simulation(config, shared, trace).records);
+  const auto free_running = summarize(run_simulation(config, own, trace).records);
+  sim_options contended;
+  gpu_calibration cal;
+  cal.concurrent_decode_delay_s = 0.02;
+  cal.concurrent_prefill_slowdown = 1.5;
+  contended.calibrations[own.gpus[0].type] = cal;
+  const auto slowed = summarize(run_simulation(config, own, trace, contended).records);
+  REQUIRE(turns.completed == trace.size());
+  REQUIRE(free_running.completed == trace.size());
+  REQUIRE(slowed.completed == trace.size());
+  MESSAGE("ITL P99: shared stream " << turns.itl_s.p99 * 1e3 << " ms, own streams "
+                                    << free_running.itl_s.p99 * 1e3 << " ms, contended "
+                                    << slowed.itl_s.p99 * 1e3 << " ms; TTFT P50 "
+                                    << free_running.ttft_s.p50 * 1e3 << " / "
+                                    << slowed.ttft_s.p50 * 1e3 << " ms");
+  // Taking turns, a decode step waits out a prefill chunk; concurrently it does not.
+  CHECK(turns.itl_s.p99 > 10 * free_running.itl_s.p99);
+  // Contention: a decode step overlapping a prefill waits 20 ms more, prefill runs 1.5x longer.
+  CHECK(slowed.itl_s.max >= 0.02 + free_running.itl_s.p50);
+  CHECK(slowed.itl_s.p99 > free_running.itl_s.p99 + 0.015);
+  CHECK(slowed.ttft_s.p50 > 1.3 * free_running.ttft_s.p50);
+  CHECK(slowed.itl_s.p99 < turns.itl_s.p99);
 }
 
 TEST_CASE(
