@@ -86,7 +86,7 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
   static const std::set<std::string, std::less<>> keys = {
       "gpu", "measured", "source", "step_overhead_s", "decode_sequence_overhead_s",
       "gemm", "attention", "memory", "split_bandwidth", "concurrent_decode_slowdown",
-      "concurrent_prefill_slowdown", "concurrent_decode_delay_s"};
+      "concurrent_prefill_slowdown", "concurrent_decode_delay_s", "concurrent_prefill_yield"};
   gpu_calibration cal;
   cal.source = file.string();
   for (const auto& [k, v] : root) {
@@ -94,7 +94,8 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
       fail(file, &v, k.str(),
            "unknown key (known: gpu, measured, source, step_overhead_s, "
            "decode_sequence_overhead_s, gemm, attention, memory, split_bandwidth, "
-           "concurrent_decode_slowdown, concurrent_prefill_slowdown, concurrent_decode_delay_s)");
+           "concurrent_decode_slowdown, concurrent_prefill_slowdown, concurrent_decode_delay_s, "
+           "concurrent_prefill_yield)");
     }
   }
   if (const auto* gpu = root.get("gpu")) {
@@ -125,6 +126,8 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
   }
   if (const auto* n = root.get("concurrent_decode_delay_s"))
     cal.concurrent_decode_delay_s = number(file, *n, "concurrent_decode_delay_s", false);
+  if (const auto* n = root.get("concurrent_prefill_yield"))
+    cal.concurrent_prefill_yield = fraction(file, *n, "concurrent_prefill_yield");
   if (const auto* n = root.get("split_bandwidth")) {
     cal.split_bandwidth = curve(file, *n, "split_bandwidth");
     for (const auto& [share, fraction] : cal.split_bandwidth.points) {

@@ -63,6 +63,9 @@ struct gpu_calibration {
   // ... and a decode step starting while prefill runs waits this much longer in all: each of
   // its few hundred small kernels queues for SMs behind the prefill GEMM's thread blocks.
   std::optional<double> concurrent_decode_delay_s;
+  // ... and a prefill step in flight loses this fraction of every decode step that starts
+  // during it (the decode stream has the higher priority: its kernels get the SMs first).
+  std::optional<double> concurrent_prefill_yield;
 };
 
 /// A GPU's spec-sheet peaks and the fractions of them reached in practice.

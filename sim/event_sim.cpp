@@ -107,7 +107,7 @@ struct event {
   event_kind kind = event_kind::deliver;
   bool transferred = false;  // deliver of a kv_moved whose transfer time is paid
   uint32_t a = 0;  // deliver: target; step_done: timeline; arrival: request; tick/report: unit
-  uint32_t payload = 0;  // deliver: slot in payloads_
+  uint32_t payload = 0;  // deliver: slot in payloads_; step_done: the step's generation
 };
 
 constexpr uint32_t target_client = 0;
@@ -141,6 +141,8 @@ struct timeline {
   uint32_t running = 0;
   size_t last = 0;  // position in `units` of the unit that stepped last
   int64_t step_start = 0;
+  int64_t step_end = 0;     // when the step in flight finishes
+  uint32_t generation = 0;  // of the step in flight: a step pushed back leaves a stale event
   int64_t busy_since_sample = 0;
 };
 
@@ -478,6 +480,7 @@ class event_sim {
       case event_kind::deliver:
         return deliver(e);
       case event_kind::step_done:
+        if (e.payload != timelines_[e.a].generation) return;  // the step was pushed back
         return step_done(e.a);
       case event_kind::arrival:
         return arrive(e.a);
@@ -702,9 +705,12 @@ class event_sim {
       tl.running = tl.units[pos];
       tl.last = pos;
       tl.step_start = now_;
-      const auto ns =
-          static_cast<int64_t>(static_cast<double>(std::max<int64_t>(wait->count(), 0)) * stretch) + delay_ns;
-      push({now_ + ns, event_kind::step_done, false, t, 0});
+      const auto work_ns =
+          static_cast<int64_t>(static_cast<double>(std::max<int64_t>(wait->count(), 0)) * stretch);
+      tl.step_end = now_ + work_ns + delay_ns;
+      push({tl.step_end, event_kind::step_done, false, t, ++tl.generation});
+      // The prefill in flight loses SM time to the decode step's work, not to its wait.
+      if (u.decode) yield_to_decode(u, tl, work_ns);
       return true;
     };
     if (n == 1 || deployment_.policy == step_policy::alternate) {
@@ -736,6 +742,22 @@ class event_sim {
               static_cast<int64_t>(cal.concurrent_decode_delay_s.value_or(0.0) * 1e9)};
     }
     return {1.0, 0};
+  }
+
+  /// A decode step on its own stream takes SMs first (highest priority): a prefill step of
+  /// the GPU in flight on another stream loses `concurrent_prefill_yield` of its duration.
+  void yield_to_decode(const unit& u, const timeline& tl, int64_t decode_ns) {
+    if (!u.spec.own_stream || u.spec.sm_share < 1) return;
+    const double yield = specs_[tl.gpu].calibration.concurrent_prefill_yield.value_or(0.0);
+    if (yield <= 0) return;
+    for (uint32_t t = 0; t < timelines_.size(); ++t) {
+      timeline& other = timelines_[t];
+      if (&other == &tl || other.gpu != tl.gpu || !other.busy) continue;
+      const unit& running = *units_[other.running];
+      if (!running.prefill || !running.spec.own_stream || running.spec.sm_share < 1) continue;
+      other.step_end += static_cast<int64_t>(yield * static_cast<double>(decode_ns));
+      push({other.step_end, event_kind::step_done, false, t, ++other.generation});
+    }
   }
 
   void step_done(uint32_t t) {

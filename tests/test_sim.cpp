@@ -334,10 +334,12 @@ TEST_CASE(
   CHECK(default_half.decode_seconds(8, 8 * 1024) - h20.step_overhead_s ==
         Approx((default_whole.decode_seconds(8, 8 * 1024) - h20.step_overhead_s) / (1.1 * std::sqrt(0.5)))
             .epsilon(1e-9));
-  std::ofstream(dir / "contention.toml") << "concurrent_decode_delay_s = 0.014\nconcurrent_prefill_slowdown = 1.2\n";
+  std::ofstream(dir / "contention.toml")
+      << "concurrent_decode_delay_s = 0.014\nconcurrent_prefill_slowdown = 1.2\nconcurrent_prefill_yield = 0.6\n";
   const auto contention = load_gpu_calibration(dir / "contention.toml");
   CHECK(contention.concurrent_decode_delay_s == Approx(0.014));
   CHECK(contention.concurrent_prefill_slowdown == Approx(1.2));
+  CHECK(contention.concurrent_prefill_yield == Approx(0.6));
   CHECK_FALSE(contention.concurrent_decode_slowdown.has_value());
   std::ofstream(dir / "speedup.toml") << "concurrent_decode_slowdown = 0.5\n";
   CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "speedup.toml"); }),
@@ -573,6 +575,11 @@ TEST_CASE(
   cal.concurrent_prefill_slowdown = 1.5;
   contended.calibrations[own.gpus[0].type] = cal;
   const auto slowed = summarize(run_simulation(config, own, trace, contended).records);
+  // Decode's priority: a prefill in flight also loses most of each decode step's work time.
+  sim_options yielding = contended;
+  yielding.calibrations[own.gpus[0].type].concurrent_prefill_yield = 0.9;
+  const auto yielded = summarize(run_simulation(config, own, trace, yielding).records);
+  REQUIRE(yielded.completed == trace.size());
   REQUIRE(turns.completed == trace.size());
   REQUIRE(free_running.completed == trace.size());
   REQUIRE(slowed.completed == trace.size());
@@ -588,6 +595,9 @@ TEST_CASE(
   CHECK(slowed.itl_s.p99 > free_running.itl_s.p99 + 0.015);
   CHECK(slowed.ttft_s.p50 > 1.3 * free_running.ttft_s.p50);
   CHECK(slowed.itl_s.p99 < turns.itl_s.p99);
+  MESSAGE("TTFT P50 with prefill yielding to decode: " << yielded.ttft_s.p50 * 1e3 << " ms");
+  CHECK(yielded.ttft_s.p50 > slowed.ttft_s.p50);
+  CHECK(yielded.itl_s.p50 == Approx(slowed.itl_s.p50).epsilon(0.1));  // decode is not slowed more
 }
 
 TEST_CASE(
