@@ -5,7 +5,8 @@
 // Floors: decode = (weights read + KV read) / copy bandwidth; prefill = FLOPs / the GEMM rate
 // measured here on the model's M=8192 shapes.
 //
-//   bench_cuda_engine MODEL_DIR OUT.json [--bandwidth TBps] [--decode-only] [--quick]
+//   bench_cuda_engine MODEL_DIR OUT.json [--bandwidth TBps] [--decode-only] [--prefill-only] [--quick]
+// (--prefill-only: the GEMM rates and the prefill rows, 256 to 32K tokens, for a calibration)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -100,18 +101,19 @@ int main(int argc, char** argv) {
   if (argc < 3) {
     std::fprintf(stderr,
                  "usage: bench_cuda_engine MODEL_DIR OUT.json [--bandwidth TBps] [--decode-only] "
-                 "[--quick]\n");
+                 "[--prefill-only] [--quick]\n");
     return 2;
   }
   const std::filesystem::path dir = argv[1];
   const std::string out_file = argv[2];
   double bandwidth = 4.28e12;
-  bool decode_only = false, quick = false;
+  bool decode_only = false, prefill_only = false, quick = false;
   for (int i = 3; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--bandwidth") && i + 1 < argc)
       bandwidth = std::atof(argv[++i]) * 1e12;
     if (!std::strcmp(argv[i], "--decode-only")) decode_only = true;
     if (!std::strcmp(argv[i], "--quick")) quick = true;
+    if (!std::strcmp(argv[i], "--prefill-only")) prefill_only = true;
   }
   try {
     json report;
@@ -195,7 +197,7 @@ int main(int argc, char** argv) {
       kr["gemm_M8192_model_mix_TFLOPs"] = gemm_rate / 1e12;
     }
     // Attention kernels on a standalone pool.
-    if (!decode_only) {
+    if (!decode_only && !prefill_only) {
       const uint32_t bt = 16, kvh = c.num_key_value_heads, heads = c.num_attention_heads;
       const int ctx = 8192;
       const uint32_t seq_blocks = ctx / bt;
@@ -303,7 +305,7 @@ int main(int argc, char** argv) {
     json prefill = json::array();
     if (!decode_only) {
       std::vector<int> lengths =
-          quick ? std::vector<int>{2048, 8192} : std::vector<int>{2048, 8192, 32768};
+          quick ? std::vector<int>{2048, 8192} : std::vector<int>{256, 512, 1024, 2048, 8192, 32768};
       for (int len : lengths) {
         std::vector<int32_t> toks(len);
         for (auto& t : toks) t = static_cast<int32_t>(rng() % 128000);
@@ -338,7 +340,7 @@ int main(int argc, char** argv) {
     report["prefill"] = prefill;
 
     // Decode: the KV pool holds random bf16 (one random block copied over every block used).
-    {
+    if (!prefill_only) {
       std::vector<std::byte> block(block_bytes);
       std::normal_distribution<float> d(0.0f, 1.0f);
       for (std::size_t i = 0; i < block.size() / 2; ++i) {
@@ -361,6 +363,7 @@ int main(int argc, char** argv) {
     std::vector<cfg> cfgs = {{1, 1024}, {1, 8192},  {4, 1024},  {8, 1024},
                              {8, 8192}, {64, 1024}, {64, 8192}, {256, 1024}};
     if (quick) cfgs = {{1, 1024}, {8, 1024}, {64, 1024}};
+    if (prefill_only) cfgs.clear();
     for (const cfg& cf : cfgs) {
       const uint32_t per_seq = (cf.ctx + 1 + 15) / 16;
       if (uint64_t{per_seq} * cf.batch > engine.kv_blocks()) {
