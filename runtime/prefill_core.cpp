@@ -44,6 +44,11 @@ void prefill_core::on_request(const msg::envelope& env, const msg::prefill_reque
 
 std::optional<std::chrono::nanoseconds> prefill_core::begin_step(int64_t now_ms) {
   if (!in_flight_.empty()) return std::nullopt;
+  if (!unacked_.empty()) {
+    if (now_ms < hold_until_ms_) return std::nullopt;  // the acks are a broker round trip away
+    ++counters_["register_holds_expired"];
+    unacked_.clear();
+  }
   std::vector<prefill_chunk> chunks;
   uint32_t budget = settings_.chunk_tokens;
   for (uint64_t seq_id : queue_) {
@@ -98,12 +103,19 @@ void prefill_core::finish_step(int64_t now_ms) {
     reg.handle.pool = engine_.export_pool();
     reg.block_ids = j.blocks;
     out_.send(settings_.broker, reg, j.deadline_ms);
+    // Only an engine that computed on this thread (nothing modelled left to wait) blocks
+    // the actor through its next step; the sim engine's steps are timers.
+    if (settings_.register_hold_ms > 0 && in_flight_output_.modeled.count() == 0) {
+      unacked_.insert(j.seq_id);
+      hold_until_ms_ = now_ms + settings_.register_hold_ms;
+    }
   }
   in_flight_.clear();
   in_flight_output_ = {};
 }
 
 void prefill_core::on_registered(const msg::kv_registered& m) {
+  unacked_.erase(m.handle_id);
   auto it = jobs_.find(m.handle_id);
   if (it != jobs_.end() && it->second.state == prefill_state::handed_over) {
     // The broker extended the lease (a pull or a renew): reclaiming earlier would free
@@ -219,6 +231,7 @@ void prefill_core::fail(job& j, msg::finish_reason reason, msg::error_code code,
 void prefill_core::free_job(uint64_t seq_id) {
   auto it = jobs_.find(seq_id);
   if (it == jobs_.end()) return;
+  unacked_.erase(seq_id);
   sender_.stop(seq_id);  // never read blocks that went back to the pool
   pool_.free(it->second.blocks);
   engine_.release(seq_id);

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "messages/catalogue.hpp"
@@ -24,6 +25,11 @@ struct prefill_settings {
   uint32_t chunk_tokens = 2048;   // tokens per step, across sequences
   uint32_t max_batch = 64;        // sequences per step
   uint32_t register_timeout_ms = 5000;
+  // After a step that finished prompts, the next step waits up to this long for the broker's
+  // acks when the engine computes on the actor's thread (cuda, cpu: no modelled time), which
+  // would otherwise hold those prompts' first tokens (prefill_done) until the next step ends.
+  // 0: never wait.
+  uint32_t register_hold_ms = 5;
   uint32_t lease_grace_ms = 2000;  // after the lease, the owner may reclaim by itself
   kv_stream_settings stream;       // the stream transfer path, when the broker asks for it
 };
@@ -93,6 +99,8 @@ class prefill_core {
   std::vector<planned> in_flight_;
   step_output in_flight_output_;
   std::map<std::string, uint64_t> counters_;
+  std::unordered_set<uint64_t> unacked_;  // registered by the last step, ack not yet here
+  int64_t hold_until_ms_ = 0;
 };
 
 }  // namespace duet

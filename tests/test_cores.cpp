@@ -918,6 +918,7 @@ struct prefill_fixture {
     s.max_batch = 64;
     s.register_timeout_ms = 5000;
     s.lease_grace_ms = 2000;
+    s.register_hold_ms = 0;  // these tests step on without the broker's acks
     return s;
   }
   explicit prefill_fixture(duet::prefill_settings s = settings_with(1024), uint32_t max_context = 8192)
@@ -985,6 +986,33 @@ TEST_CASE("a 5000-token prompt with 2048-token chunks takes three steps and regi
   CHECK(p.core.pool().used_blocks() == 313);
   CHECK(p.core.counters().at("steps") == 3);
   CHECK(p.core.counters().at("tokens") == 5000);
+}
+
+TEST_CASE(
+    "the step after one that finished prompts waits for the broker's acks, so their first tokens "
+    "leave before it, but never longer than register_hold_ms") {
+  auto settings = prefill_fixture::settings_with(1024);
+  settings.register_hold_ms = 5;
+  prefill_fixture p(settings);
+  (void)p.request(1, prompt_of(100, 1));
+  CHECK(p.step());
+  CHECK(count_of<msg::kv_register>(p.take()) == 1);
+  (void)p.request(2, prompt_of(100, 2));
+  // An engine computing on the actor's thread would hold the ack (and prompt 1's first
+  // token) for the whole next step: the step waits for the ack instead.
+  CHECK_FALSE(p.core.begin_step(p.now));
+  const auto done = messages_of<msg::prefill_done>(p.registered(1, p.now + 10000));
+  REQUIRE(done.size() == 1);
+  CHECK(done[0].body.seq_id == 1);
+  CHECK(p.step());  // the ack is in: prompt 2 runs at once
+  CHECK(count_of<msg::kv_register>(p.take()) == 1);
+  // A lost ack holds the next step for register_hold_ms only.
+  (void)p.request(3, prompt_of(100, 3));
+  CHECK_FALSE(p.core.begin_step(p.now + 4));
+  p.now += 5;
+  CHECK(p.step());
+  CHECK(p.core.counters().at("register_holds_expired") == 1);
+  CHECK(p.engine.prefill_steps.size() == 3);
 }
 
 TEST_CASE("several short prompts share one step") {
