@@ -293,30 +293,38 @@ std::string wait_for_http_model(const http_target& target, const std::string& ap
   struct fatal_answer : std::runtime_error {  // the server answered: waiting will not help
     using std::runtime_error::runtime_error;
   };
+  const auto get = [&](const std::string& path) {  // one GET on its own connection
+    net::io_context ioc;
+    beast::tcp_stream stream(ioc);
+    stream.expires_after(std::chrono::seconds(5));
+    stream.connect(resolve(target));
+    http::request<http::empty_body> req{http::verb::get, target.base_path + path, 11};
+    req.set(http::field::host, target.host);
+    if (!api_key.empty()) req.set(http::field::authorization, "Bearer " + api_key);
+    http::write(stream, req);
+    beast::flat_buffer buffer;
+    http::response<http::string_body> res;
+    http::read(stream, buffer, res);
+    return res;
+  };
   const auto until = steady::now() + wait;
   std::string last_error = "no answer";
   for (;;) {
     try {
-      net::io_context ioc;
-      beast::tcp_stream stream(ioc);
-      stream.expires_after(std::chrono::seconds(5));
-      stream.connect(resolve(target));
-      http::request<http::empty_body> req{http::verb::get, target.base_path + "/v1/models", 11};
-      req.set(http::field::host, target.host);
-      if (!api_key.empty()) req.set(http::field::authorization, "Bearer " + api_key);
-      http::write(stream, req);
-      beast::flat_buffer buffer;
-      http::response<http::string_body> res;
-      http::read(stream, buffer, res);
-      if (res.result_int() == 200) {
-        const auto j = nlohmann::json::parse(res.body(), nullptr, false);
-        if (!j.is_discarded() && j.contains("data") && j["data"].is_array() && !j["data"].empty() &&
-            j["data"][0].contains("id") && j["data"][0]["id"].is_string())
-          return j["data"][0]["id"].get<std::string>();
-        throw fatal_answer("GET /v1/models: no model in the answer");
+      const auto models = get("/v1/models");
+      if (models.result_int() == 401) throw fatal_answer("GET /v1/models answered 401 (give --api-key)");
+      if (models.result_int() == 200) {
+        const auto j = nlohmann::json::parse(models.body(), nullptr, false);
+        if (j.is_discarded() || !j.contains("data") || !j["data"].is_array() || j["data"].empty() ||
+            !j["data"][0].contains("id") || !j["data"][0]["id"].is_string())
+          throw fatal_answer("GET /v1/models: no model in the answer");
+        // The API answers before the workers are up: /health says when they are.
+        const auto health = get("/health");
+        if (health.result_int() == 200) return j["data"][0]["id"].get<std::string>();
+        last_error = "GET /health answered " + std::to_string(health.result_int());
+      } else {
+        last_error = "GET /v1/models answered " + std::to_string(models.result_int());
       }
-      last_error = "GET /v1/models answered " + std::to_string(res.result_int());
-      if (res.result_int() == 401) throw fatal_answer(last_error + " (give --api-key)");
     } catch (const fatal_answer&) {
       throw;
     } catch (const std::exception& e) {  // not listening yet, reset, timed out: retry
