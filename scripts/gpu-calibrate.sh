@@ -10,14 +10,7 @@ export OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 BUILD=${GPU_BUILD:-build-gpu}
 CKPT=$PWD/$BUILD/r1-distill-llama-8b-random
-if [ -d .devdeps ]; then
-  source .devdeps/unpack-debs.sh .devdeps
-  mkdir -p /opt/deps/stub-pc
-  for pc in krb5-gssapi libsodium openpgm-5.3 norm libbsd; do
-    printf 'Name: %s\nDescription: stand-in\nVersion: 99\n' "$pc" > "/opt/deps/stub-pc/$pc.pc"
-  done
-  export PKG_CONFIG_PATH=/opt/deps/stub-pc${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-fi
+source "$(dirname "$0")/gpu-env.sh"
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDUET_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DDUET_BENCH=ON >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
 cmake --build "$BUILD" -j"$(nproc)" --target duet bench_cuda_engine >"$OUT/build.log" 2>&1 ||

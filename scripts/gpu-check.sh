@@ -38,16 +38,8 @@ run() {  # run NAME TIMEOUT CMD...: records a failure, never stops the script
   return $rc
 }
 
-if [ -d .devdeps ]; then
-  source .devdeps/unpack-debs.sh .devdeps
-  # libzmq.pc names private requirements whose -dev packages are not carried: empty stand-ins.
-  mkdir -p /opt/deps/stub-pc
-  for pc in krb5-gssapi libsodium openpgm-5.3 norm libbsd; do
-    printf 'Name: %s\nDescription: stand-in\nVersion: 99\n' "$pc" > "/opt/deps/stub-pc/$pc.pc"
-  done
-  export PKG_CONFIG_PATH=/opt/deps/stub-pc${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-fi
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu-env.sh"
+export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader || true
 
 if has build; then

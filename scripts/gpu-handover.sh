@@ -11,14 +11,7 @@ export OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/handover.log") 2>&1
 BUILD=${GPU_BUILD:-build-gpu}
-if [ -d .devdeps ]; then
-  source .devdeps/unpack-debs.sh .devdeps
-  mkdir -p /opt/deps/stub-pc
-  for pc in krb5-gssapi libsodium openpgm-5.3 norm libbsd; do
-    printf 'Name: %s\nDescription: stand-in\nVersion: 99\n' "$pc" > "/opt/deps/stub-pc/$pc.pc"
-  done
-  export PKG_CONFIG_PATH=/opt/deps/stub-pc${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-fi
+source "$(dirname "$0")/gpu-env.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 echo "=== build ($(date +%T))"
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDUET_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \

@@ -42,15 +42,7 @@ CONV_HIGH="AzureLLMInferenceTrace_conv_2023.csv 0 300 5"
 CONV_LONG="AzureLLMInferenceTrace_conv_2023.csv 0 540 3"
 CODE_HIGH="AzureLLMInferenceTrace_code_2023.csv 180 60 1"
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
-if [ -d .devdeps ]; then
-  source .devdeps/unpack-debs.sh .devdeps
-  mkdir -p /opt/deps/stub-pc
-  for pc in krb5-gssapi libsodium openpgm-5.3 norm libbsd; do
-    printf 'Name: %s\nDescription: stand-in\nVersion: 99\n' "$pc" > "/opt/deps/stub-pc/$pc.pc"
-  done
-  export PKG_CONFIG_PATH=/opt/deps/stub-pc${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-fi
-export NCCL_NVLS_ENABLE=0
+source "$(dirname "$0")/gpu-env.sh"
 GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv,noheader || true
 echo "stages $STAGES; $GPUS GPU(s); $(nproc) cores"
