@@ -246,33 +246,6 @@ int run_up(const std::string& config_path, const std::string& engine, bool threa
   return 0;
 }
 
-struct router_location {
-  std::string endpoint;
-  std::string address;
-};
-
-router_location find_router(const duet::deployment_config& config) {
-  for (const auto& n : config.nodes) {
-    for (const auto& a : n.actors) {
-      if (a.role == duet::actor_role::router) return {n.endpoint, n.name + "/" + a.name};
-    }
-  }
-  throw duet::config_error("the deployment has no router");
-}
-
-/// Waits until the router reports live prefill and decode workers (bounded).
-bool wait_ready(duet::client& c, const std::string& router, std::chrono::milliseconds timeout) {
-  const auto until = duet::steady::now() + timeout;
-  while (duet::steady::now() < until) {
-    auto replies = c.stats({router}, std::chrono::milliseconds(200));
-    if (!replies.empty() && replies[0].counters["ready_prefill"] > 0 && replies[0].counters["ready_decode"] > 0) {
-      return true;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return false;
-}
-
 std::vector<std::string> pool_actors(const duet::deployment_config& config) {
   std::vector<std::string> out;
   for (const auto& n : config.nodes) {
@@ -306,7 +279,7 @@ int run_sim_demo(const duet::deployment_config& config, duet::burst_options opti
   caf::actor_system_config cfg;
   caf::actor_system system{cfg};
   auto nodes = start_nodes(system, config);
-  const auto router = find_router(config);
+  const auto router = duet::find_router(config);
   duet::client c(router.endpoint, router.address);
   if (!wait_ready(c, router.address, std::chrono::seconds(10))) {
     std::fprintf(stderr, "duet demo: the cluster did not become ready within 10 s\n");
@@ -363,7 +336,7 @@ int run_chat_demo(const duet::deployment_config& config, const chat_demo_options
   using clock = duet::steady;
   const auto codec = duet::make_text_codec(config);
   const auto chat = duet::make_chat_renderer(*codec);
-  const auto router = find_router(config);
+  const auto router = duet::find_router(config);
   const auto addrs = duet::addresses_of(config);
   std::printf("duet demo: %s (%s) on the %s engine; %s; router, broker, %zu prefill and %zu decode actor(s), "
               "each worker with its own engine and KV pool\n",
@@ -547,7 +520,7 @@ struct client_options {
 int run_client(const std::string& config_path, std::string endpoint, std::string router, const client_options& o) {
   const auto config = load_or_default(config_path);
   if (endpoint.empty() || router.empty()) {
-    const auto loc = find_router(config);
+    const auto loc = duet::find_router(config);
     if (endpoint.empty()) endpoint = loc.endpoint;
     if (router.empty()) router = loc.address;
   }
@@ -631,7 +604,7 @@ int run_client(const std::string& config_path, std::string endpoint, std::string
 
 int run_stats(const std::string& config_path, uint32_t timeout_ms) {
   auto config = load_or_default(config_path);
-  const auto loc = find_router(config);
+  const auto loc = duet::find_router(config);
   duet::client c(loc.endpoint, loc.address);
   std::vector<std::string> actors = pool_actors(config);
   actors.push_back(loc.address);

@@ -3,10 +3,13 @@
 #include <unistd.h>
 
 #include <random>
+#include <thread>
 
 #include <zmq_addon.hpp>
 
 #include "messages/dispatch.hpp"
+#include "runtime/clock.hpp"
+#include "runtime/config.hpp"
 #include "runtime/transport.hpp"
 
 namespace duet {
@@ -146,6 +149,26 @@ std::vector<msg::stats_reply> client::stats(const std::vector<std::string>& acto
     [[maybe_unused]] auto ignored = poll(std::chrono::milliseconds(10));
   }
   return std::exchange(stats_replies_, {});
+}
+
+router_location find_router(const deployment_config& config) {
+  for (const auto& n : config.nodes) {
+    for (const auto& a : n.actors) {
+      if (a.role == actor_role::router) return {n.endpoint, n.name + "/" + a.name};
+    }
+  }
+  throw config_error("the deployment has no router");
+}
+
+bool wait_ready(client& c, const std::string& router, std::chrono::milliseconds timeout) {
+  const auto until = steady::now() + timeout;
+  while (steady::now() < until) {
+    auto replies = c.stats({router}, std::chrono::milliseconds(200));
+    if (!replies.empty() && replies[0].counters["ready_prefill"] > 0 && replies[0].counters["ready_decode"] > 0)
+      return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
 }
 
 }  // namespace duet

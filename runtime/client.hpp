@@ -11,6 +11,17 @@
 
 namespace duet {
 
+struct deployment_config;
+
+/// Where a deployment's router listens: its node's endpoint and its actor address.
+struct router_location {
+  std::string endpoint;
+  std::string address;  // "node/actor"
+};
+
+/// The first router of the deployment; throws config_error when there is none.
+[[nodiscard]] router_location find_router(const deployment_config& config);
+
 /// Something that happened to one of this client's requests.
 struct client_event {
   enum class kind : uint8_t { admitted, rejected, tokens, finished };
@@ -69,5 +80,9 @@ class client {
   std::string address_;
   uint64_t malformed_ = 0;
 };
+
+/// True once `router` reports at least one ready prefill and one ready decode worker;
+/// false after `timeout`.
+[[nodiscard]] bool wait_ready(client& c, const std::string& router, std::chrono::milliseconds timeout);
 
 }  // namespace duet

@@ -159,14 +159,14 @@ nlohmann::json run_json(const sim_result& r, const std::string& description) {
   return j;
 }
 
-/// Adds the simulator's own figures to the summary.json write_report wrote.
-void annotate_summary(const report_files& files, nlohmann::json extra) {
+/// Adds `extra` under `key` to the summary.json write_report wrote.
+void annotate_summary(const report_files& files, const char* key, nlohmann::json extra) {
   nlohmann::json summary;
   {
     std::ifstream in(files.summary_json);
     summary = nlohmann::json::parse(in);
   }
-  summary["simulation"] = std::move(extra);
+  summary[key] = std::move(extra);
   std::ofstream out(files.summary_json, std::ios::trunc);
   out << summary.dump(2) << '\n';
   if (!out) throw report_error("cannot write " + files.summary_json.string());
@@ -239,7 +239,7 @@ int run_sim(const sim_commands::state& s) {
   ro.title = s.title.empty() ? "duet sim: " + config.model.preset : s.title;
   ro.subtitle = trace_line(s, trace) + fmt("; hop %.0f us", s.hop_us);
   const auto files = write_report(s.out, runs, ro);
-  annotate_summary(files, std::move(sim_json));
+  annotate_summary(files, "simulation", std::move(sim_json));
   std::printf("\nwrote %s, %s, %s\n", files.summary_json.c_str(), files.requests_csv.c_str(),
               files.report_html.c_str());
   return 0;
@@ -323,7 +323,7 @@ int run_plan(const sim_commands::state& s) {
   extra["gpu_budget"] = po.gpu_budget;
   extra["attainment_target"] = po.attainment;
   extra["plan"] = std::move(plan_json);
-  annotate_summary(files, std::move(extra));
+  annotate_summary(files, "simulation", std::move(extra));
   std::printf("\nwrote %s, %s, %s\n", files.summary_json.c_str(), files.requests_csv.c_str(),
               files.report_html.c_str());
   return 0;
@@ -350,13 +350,9 @@ serve_target resolve_target(const sim_commands::state& s, const deployment_confi
   t.endpoint = s.url;
   t.router = s.router;
   if (config && (t.endpoint.empty() || t.router.empty())) {
-    for (const auto& n : config->nodes) {
-      for (const auto& a : n.actors) {
-        if (a.role != actor_role::router) continue;
-        if (t.endpoint.empty()) t.endpoint = n.endpoint;
-        if (t.router.empty()) t.router = n.name + "/" + a.name;
-      }
-    }
+    const auto loc = find_router(*config);
+    if (t.endpoint.empty()) t.endpoint = loc.endpoint;
+    if (t.router.empty()) t.router = loc.address;
   }
   if (t.endpoint.empty()) throw std::invalid_argument("give --url (http:// or a ZeroMQ endpoint) or --config");
   if (t.router.empty()) throw std::invalid_argument("--url " + t.endpoint + " is a ZeroMQ endpoint: give --router NODE/ACTOR or --config");
@@ -364,19 +360,6 @@ serve_target resolve_target(const sim_commands::state& s, const deployment_confi
     throw std::invalid_argument(t.endpoint + " is in-process only; the deployment needs ipc:// or tcp:// endpoints");
   t.label = t.endpoint + " (" + t.router + ")";
   return t;
-}
-
-/// Waits until the router reports live prefill and decode workers (bounded).
-bool wait_router_ready(client& c, const std::string& router, std::chrono::milliseconds timeout) {
-  const auto until = steady::now() + timeout;
-  while (steady::now() < until) {
-    auto replies = c.stats({router}, std::chrono::milliseconds(200));
-    if (!replies.empty() && replies[0].counters["ready_prefill"] > 0 &&
-        replies[0].counters["ready_decode"] > 0)
-      return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return false;
 }
 
 int run_bench_serve(const sim_commands::state& s) {
@@ -415,7 +398,7 @@ int run_bench_serve(const sim_commands::state& s) {
     records = replay_http(target.web, trace, o);
   } else {
     client c(target.endpoint, target.router);
-    if (!wait_router_ready(c, target.router, wait))
+    if (!wait_ready(c, target.router, wait))
       throw std::runtime_error("the router " + target.router + " at " + target.endpoint +
                                " reported no ready prefill and decode workers within " +
                                std::to_string(wait.count() / 1000) + " s");
@@ -466,17 +449,7 @@ int run_bench_serve(const sim_commands::state& s) {
   ro.title = s.title.empty() ? "duet bench serve: " + s.run_name : s.title;
   ro.subtitle = trace_line(s, trace) + "; target " + target.label;
   const auto files = write_report(s.out, runs, ro);
-  nlohmann::json summary;
-  {
-    std::ifstream in(files.summary_json);
-    summary = nlohmann::json::parse(in);
-  }
-  summary["bench"] = std::move(bench_json);
-  {
-    std::ofstream out(files.summary_json, std::ios::trunc);
-    out << summary.dump(2) << '\n';
-    if (!out) throw report_error("cannot write " + files.summary_json.string());
-  }
+  annotate_summary(files, "bench", std::move(bench_json));
   std::printf("\nwrote %s, %s, %s\n", files.summary_json.c_str(), files.requests_csv.c_str(),
               files.report_html.c_str());
   const auto& live = runs[0].summary;
