@@ -321,7 +321,8 @@ const std::vector<field<actor_config>>& actor_fields() {
       {"kv_blocks", &actor_config::kv_blocks},
       {"kv_memory_fraction", &actor_config::kv_memory_fraction},
       {"max_batch", &actor_config::max_batch},
-      {"chunk_tokens", &actor_config::chunk_tokens}};
+      {"chunk_tokens", &actor_config::chunk_tokens},
+      {"kv_allocation", &actor_config::kv_allocation}};
   return fields;
 }
 
@@ -333,6 +334,7 @@ const std::vector<std::string_view> engine_kinds{"sim", "cpu", "cuda"};
 const std::vector<std::string_view> router_policies{"least_loaded", "round_robin"};
 const std::vector<std::string_view> transfer_modes{"auto", "stream"};
 const std::vector<std::string_view> stream_modes{"own", "shared"};
+const std::vector<std::string_view> kv_allocation_modes{"on_demand", "reserve"};
 const std::vector<std::string_view> dtypes{"bf16", "f16", "f32"};
 
 template <class S>
@@ -847,6 +849,7 @@ class validator {
         error(path + ".sm_share", "must be in (0, 1] (got " + format_number(a.sm_share) + ")");
       }
       choice(path + ".stream", a.stream, stream_modes);
+      choice(path + ".kv_allocation", a.kv_allocation, kv_allocation_modes);
       if (a.stream == "shared" && share_valid && a.sm_share < 1.0) {
         error(path + ".stream",
               "\"shared\" runs on the whole GPU and cannot be combined with sm_share " +

@@ -23,7 +23,8 @@ struct actor_config {
   uint32_t kv_blocks = 4096;       // KV pool size in blocks (prefill/decode)
   double kv_memory_fraction = 0.0; // cuda: size the pool from free memory instead (0 = use kv_blocks)
   uint32_t max_batch = 64;         // decode: sequences per step; prefill: sequences per step
-  uint32_t chunk_tokens = 2048;    // prefill: tokens per chunk (chunked prefill)
+  uint32_t chunk_tokens = 2048;    // prefill: tokens per chunk; decode: per recompute step
+  std::string kv_allocation = "on_demand";  // decode: "on_demand" (grow, preempt) | "reserve"
 };
 
 /// One process of a deployment. Keys of [[nodes]].

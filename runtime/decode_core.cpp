@@ -12,10 +12,41 @@ decode_core::decode_core(std::string self, decode_settings settings, engine& eng
       out_(std::move(self)),
       pool_(settings_.kv_blocks, engine.info().block_tokens) {}
 
+std::string_view to_string(kv_allocation mode) {
+  return mode == kv_allocation::reserve ? "reserve" : "on_demand";
+}
+
+std::optional<kv_allocation> kv_allocation_from_string(std::string_view text) {
+  if (text == "on_demand") return kv_allocation::on_demand;
+  if (text == "reserve") return kv_allocation::reserve;
+  return std::nullopt;
+}
+
 uint32_t decode_core::reserved_tokens(const sequence& s) const {
   // The last generated token is never fed back, so prompt + max_new - 1 positions hold KV.
   const uint64_t want = uint64_t{s.prompt_len} + std::max<uint32_t>(s.sampling.max_new_tokens, 1) - 1;
   return static_cast<uint32_t>(std::min<uint64_t>(want, engine_.info().max_context));
+}
+
+uint32_t decode_core::adoption_blocks(const sequence& s) const {
+  if (settings_.allocation == kv_allocation::reserve) return pool_.blocks_for(reserved_tokens(s));
+  // The prompt's KV plus the position the first decode step writes (the first token's).
+  return pool_.blocks_for(static_cast<uint32_t>(s.tokens.size()));
+}
+
+bool decode_core::can_admit(uint32_t need) const {
+  if (!pool_.can_allocate(need)) return false;
+  // Reserve: the sequence holds all it will ever need, so any free block may go to it.
+  if (settings_.allocation == kv_allocation::reserve) return true;
+  // On demand: keep a margin so running sequences grow into free blocks instead of
+  // preempting each other right after an admission. An empty pool admits what fits: a
+  // sequence alone always fits (on_adopt refuses the others), so nothing waits forever.
+  const uint32_t watermark = std::max<uint32_t>(1, pool_.total_blocks() / 100);
+  return pool_.free_blocks() - need >= watermark || pool_.used_blocks() == 0;
+}
+
+bool decode_core::computing(uint64_t seq_id) const {
+  return std::find(in_flight_.begin(), in_flight_.end(), seq_id) != in_flight_.end();
 }
 
 void decode_core::on_adopt(const msg::envelope& env, const msg::kv_adopt& m, int64_t now_ms) {
@@ -34,6 +65,7 @@ void decode_core::on_adopt(const msg::envelope& env, const msg::kv_adopt& m, int
   s.prompt_len = static_cast<uint32_t>(m.prompt.size());
   s.tokens.push_back(m.first_token);
   s.generated = 1;
+  s.arrival = next_arrival_++;
   s.deadline_ms = env.deadline_ms;
   s.wait_until_ms = now_ms + settings_.transfer_timeout_ms;
   // The broker's lease started at registration, possibly long ago: an adoption that must
@@ -60,11 +92,28 @@ void decode_core::on_adopt(const msg::envelope& env, const msg::kv_adopt& m, int
   try_admit_waiting(now_ms);
 }
 
+bool decode_core::try_resume_preempted() {
+  while (!preempted_.empty()) {
+    sequence& s = seqs_.at(preempted_.front());
+    const uint32_t need = pool_.blocks_for(static_cast<uint32_t>(s.tokens.size()));
+    if (!can_admit(need)) return false;
+    s.blocks = pool_.allocate(need);
+    // Nothing to rebuild when only the next input token exists (an empty prompt).
+    s.state = s.tokens.size() > 1 ? decode_state::recomputing : decode_state::running;
+    s.recomputed = 0;
+    preempted_.pop_front();
+    running_.push_back(s.seq_id);  // admitted again: the youngest, as vLLM
+  }
+  return true;
+}
+
 void decode_core::try_admit_waiting(int64_t now_ms) {
+  // A preempted sequence already streamed tokens to its client: it goes first.
+  if (!try_resume_preempted()) return;
   while (!waiting_.empty()) {
     sequence& s = seqs_.at(waiting_.front());
-    const uint32_t need = pool_.blocks_for(reserved_tokens(s));
-    if (!pool_.can_allocate(need)) return;
+    const uint32_t need = adoption_blocks(s);
+    if (!can_admit(need)) return;
     s.blocks = pool_.allocate(need);
     s.state = decode_state::pulling;
     s.wait_until_ms = now_ms + settings_.transfer_timeout_ms;
@@ -151,33 +200,144 @@ void decode_core::on_cancel(const msg::cancel_seq& m) {
   sequence& s = it->second;
   s.cancelled = true;
   s.cancel_reason = m.reason;
-  const bool computing = std::find(in_flight_.begin(), in_flight_.end(), m.seq_id) != in_flight_.end();
   if (s.state == decode_state::waiting_memory) {
     out_.send(settings_.broker, msg::kv_nack{s.handle_id, "cancelled"});
     end(s, m.reason, msg::error_code::none, "cancelled");
-  } else if (s.state == decode_state::running && !computing) {
+  } else if (s.state >= decode_state::preempted && !computing(m.seq_id)) {
     end(s, m.reason, msg::error_code::none, "cancelled");
   }
   // pulling: ended when kv_moved arrives (confirm first, so the source frees its blocks);
   // computing: ended in finish_step.
 }
 
-std::optional<std::chrono::nanoseconds> decode_core::begin_step(int64_t now_ms) {
-  if (!in_flight_.empty() || running_.empty()) return std::nullopt;
-  std::vector<decode_slot> slots;
+void decode_core::preempt(sequence& s) {
+  // Not engine_.release(): that would drop per-sequence engine state (a seeded sampler's),
+  // and the sequence goes on; only its KV is given up and rebuilt on resumption.
+  pool_.free(s.blocks);
+  s.blocks.clear();
+  s.state = decode_state::preempted;
+  s.recomputed = 0;
+  std::erase(running_, s.seq_id);
+  const auto at = std::upper_bound(preempted_.begin(), preempted_.end(), s.arrival,
+                                   [&](uint64_t arrival, uint64_t id) { return arrival < seqs_.at(id).arrival; });
+  preempted_.insert(at, s.seq_id);
+  ++counters_["preemptions"];
+}
+
+bool decode_core::grow(sequence& s) {
+  const uint32_t need = pool_.blocks_for(static_cast<uint32_t>(s.tokens.size()));
+  while (s.blocks.size() < need) {
+    const auto more = need - static_cast<uint32_t>(s.blocks.size());
+    if (pool_.can_allocate(more)) {
+      const auto blocks = pool_.allocate(more);
+      s.blocks.insert(s.blocks.end(), blocks.begin(), blocks.end());
+      break;
+    }
+    // LIFO, as vLLM: the most recently admitted sequence has the least work to lose. Steps
+    // never overlap, so nothing is in flight here; the check keeps preempt() honest anyway.
+    auto victim = std::find_if(running_.rbegin(), running_.rend(), [&](uint64_t id) { return !computing(id); });
+    if (victim == running_.rend()) return false;
+    sequence& v = seqs_.at(*victim);
+    preempt(v);
+    if (&v == &s) return false;
+  }
+  return true;
+}
+
+decode_core::sequence* decode_core::next_recompute() {
   for (uint64_t id : running_) {
-    if (slots.size() >= settings_.max_batch) break;
+    sequence& s = seqs_.at(id);
+    if (s.state == decode_state::recomputing) return &s;
+  }
+  return nullptr;
+}
+
+std::chrono::nanoseconds decode_core::begin_recompute(sequence& s) {
+  // Positions 0 .. size-2 hold KV; the last token is the next decode step's input. No token
+  // is sampled (last = false) and no sampling is passed: the engine keeps no prompt state.
+  const auto target = static_cast<uint32_t>(s.tokens.size() - 1);
+  const uint32_t n = std::min(std::max<uint32_t>(settings_.chunk_tokens, 1), target - s.recomputed);
+  prefill_chunk chunk;
+  chunk.seq_id = s.seq_id;
+  chunk.tokens = std::span<const int32_t>(s.tokens).subspan(s.recomputed, n);
+  chunk.start = s.recomputed;
+  chunk.blocks = s.blocks;
+  chunk.last = false;
+  in_flight_output_ = engine_.prefill(std::span(&chunk, 1));
+  in_flight_.push_back(s.seq_id);
+  recompute_in_flight_ = n;
+  ++counters_["recompute_steps"];
+  return in_flight_output_.modeled;
+}
+
+std::optional<std::chrono::nanoseconds> decode_core::begin_decode() {
+  std::vector<uint64_t> batch;
+  // Oldest first: a sequence that must grow preempts only younger ones, never one already
+  // in this batch. Copy: grow() may take sequences out of running_.
+  const std::vector<uint64_t> order = running_;
+  for (uint64_t id : order) {
+    if (batch.size() >= settings_.max_batch) break;
+    auto it = seqs_.find(id);
+    if (it == seqs_.end() || it->second.state != decode_state::running) continue;
+    if (grow(it->second)) batch.push_back(id);
+  }
+  if (batch.empty()) return std::nullopt;
+  std::vector<decode_slot> slots;
+  for (uint64_t id : batch) {
     sequence& s = seqs_.at(id);
     slots.push_back({id, s.tokens, s.blocks, &s.sampling});
-    in_flight_.push_back(id);
   }
+  in_flight_ = std::move(batch);
+  recompute_in_flight_ = 0;
   in_flight_output_ = engine_.decode(slots);
   ++counters_["steps"];
   counters_["batched_sequences"] += slots.size();
   return in_flight_output_.modeled;
 }
 
+std::optional<std::chrono::nanoseconds> decode_core::begin_step(int64_t now_ms) {
+  if (!in_flight_.empty()) return std::nullopt;
+  // A recompute chunk and a decode step take turns, so neither the recomputing sequence
+  // nor the running batch waits for the other to finish.
+  sequence* r = next_recompute();
+  if (r && !last_step_recompute_) {
+    last_step_recompute_ = true;
+    return begin_recompute(*r);
+  }
+  last_step_recompute_ = false;
+  if (auto wait = begin_decode()) return wait;
+  r = next_recompute();  // nothing to decode (or it was preempted while growing)
+  if (!r) return std::nullopt;
+  last_step_recompute_ = true;
+  return begin_recompute(*r);
+}
+
 void decode_core::finish_step(int64_t now_ms) {
+  if (recompute_in_flight_ > 0) finish_recompute(now_ms);
+  else finish_decode(now_ms);
+  try_admit_waiting(now_ms);
+}
+
+void decode_core::finish_recompute(int64_t now_ms) {
+  const uint64_t id = in_flight_.front();
+  const uint32_t n = recompute_in_flight_;
+  in_flight_.clear();
+  in_flight_output_ = {};
+  recompute_in_flight_ = 0;
+  counters_["recomputed_tokens"] += n;
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return;
+  sequence& s = it->second;
+  if (s.cancelled) return end(s, s.cancel_reason, msg::error_code::none, "cancelled");
+  if (s.deadline_ms > 0 && now_ms >= s.deadline_ms)
+    return end(s, msg::finish_reason::timeout, msg::error_code::timeout, "deadline passed during decode");
+  s.recomputed += n;
+  if (s.recomputed + 1 < s.tokens.size()) return;
+  s.state = decode_state::running;
+  ++counters_["resumed"];
+}
+
+void decode_core::finish_decode(int64_t now_ms) {
   std::map<std::string, msg::token_batch> batches;  // one message per destination
   std::vector<uint64_t> ended;
   const auto& eos = engine_.info().eos_ids;
@@ -219,20 +379,20 @@ void decode_core::finish_step(int64_t now_ms) {
       end(s, msg::finish_reason::length, msg::error_code::none, {});
     else end(s, msg::finish_reason::timeout, msg::error_code::timeout, "deadline passed during decode");
   }
-  try_admit_waiting(now_ms);
 }
 
 void decode_core::tick(int64_t now_ms) {
   std::vector<uint64_t> expired;
   for (auto& [id, s] : seqs_) {
-    if (s.state != decode_state::running && now_ms >= s.next_renew_ms) {
+    // Until the confirm the broker holds the handle: renew its lease, bound the wait.
+    const bool handle_pending = s.state < decode_state::preempted;
+    if (handle_pending && now_ms >= s.next_renew_ms) {
       out_.send(settings_.broker, msg::kv_renew{s.handle_id});
       s.next_renew_ms = now_ms + settings_.renew_every_ms;
     }
-    const bool computing = std::find(in_flight_.begin(), in_flight_.end(), id) != in_flight_.end();
-    if (computing) continue;
+    if (computing(id)) continue;
     const bool deadline = s.deadline_ms > 0 && now_ms >= s.deadline_ms;
-    const bool waited_too_long = s.state != decode_state::running && now_ms >= s.wait_until_ms;
+    const bool waited_too_long = handle_pending && now_ms >= s.wait_until_ms;
     if (deadline || waited_too_long) expired.push_back(id);
   }
   for (uint64_t id : expired) {
@@ -269,6 +429,7 @@ void decode_core::end(sequence& s, msg::finish_reason reason, msg::error_code co
   pool_.free(s.blocks);
   engine_.release(id);
   std::erase(waiting_, id);
+  std::erase(preempted_, id);
   std::erase(running_, id);
   seqs_.erase(id);
   ++counters_[std::string("finished_") + std::string(msg::to_string(reason))];
@@ -277,8 +438,9 @@ void decode_core::end(sequence& s, msg::finish_reason reason, msg::error_code co
 msg::load_report decode_core::load() const {
   msg::load_report r;
   r.actor = out_.self();
-  r.queued = static_cast<uint32_t>(waiting_.size());
-  r.running = static_cast<uint32_t>(seqs_.size() - waiting_.size());
+  // A preempted sequence holds no KV and waits for memory, as a new adoption does.
+  r.queued = static_cast<uint32_t>(waiting_.size() + preempted_.size());
+  r.running = static_cast<uint32_t>(seqs_.size() - r.queued);
   r.free_blocks = pool_.free_blocks();
   r.total_blocks = pool_.total_blocks();
   return r;

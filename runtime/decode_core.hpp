@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -16,6 +17,20 @@
 
 namespace duet {
 
+/// How a decode worker gives KV blocks to its sequences.
+enum class kv_allocation : uint8_t {
+  /// Blocks as the sequence grows (prompt + 1 at adoption, one more per block_tokens
+  /// tokens); when the pool runs dry the youngest running sequence is preempted and later
+  /// recomputed. Batches as large as the memory in use allows (vLLM, SGLang).
+  on_demand,
+  /// Blocks for prompt + max_new_tokens at adoption: never preempts, but a long max_tokens
+  /// pins memory the sequence may never use.
+  reserve,
+};
+[[nodiscard]] std::string_view to_string(kv_allocation mode);
+/// "on_demand" | "reserve"; nullopt for anything else.
+[[nodiscard]] std::optional<kv_allocation> kv_allocation_from_string(std::string_view text);
+
 struct decode_settings {
   std::string router;
   std::string broker;
@@ -23,14 +38,27 @@ struct decode_settings {
   uint32_t max_batch = 64;
   uint32_t transfer_timeout_ms = 5000;  // waiting for memory or for the KV to arrive
   uint32_t renew_every_ms = 2000;       // lease renewal while an adoption waits for memory
+  kv_allocation allocation = kv_allocation::on_demand;
+  uint32_t chunk_tokens = 2048;  // tokens per recompute step of a preempted sequence
 };
 
-/// Ordered states of a sequence in a decode worker.
-enum class decode_state : uint8_t { waiting_memory, pulling, running };
+/// Ordered states of a sequence in a decode worker. Before `preempted` the broker still
+/// holds the sequence's KV handle (lease renewals, transfer timeout); from `preempted` on
+/// the KV was confirmed and the sequence belongs to this worker alone.
+enum class decode_state : uint8_t {
+  waiting_memory,  // adopted, waiting for blocks to pull the KV into
+  pulling,         // blocks given, the KV on its way
+  preempted,       // gave its blocks up to an older sequence; waits to be recomputed
+  recomputing,     // blocks back; the engine rebuilds its KV chunk by chunk
+  running,         // in the continuous batch
+};
 
-/// Continuous batching over a paged KV pool. An adopted sequence reserves blocks for its
-/// whole length (prompt + max_new_tokens) up front, so a running sequence never runs out
-/// of KV mid-stream; it pulls its KV through the broker, confirms, then joins the batch.
+/// Continuous batching over a paged KV pool. An adopted sequence pulls its KV through the
+/// broker, confirms, then joins the batch. With kv_allocation::on_demand it holds blocks
+/// for the tokens it has and grows one block at a time before each step; when the pool is
+/// empty, the most recently admitted sequence is preempted (all its blocks freed) and
+/// resumes later by recomputing its KV with the engine's prefill. With reserve, blocks for
+/// prompt + max_new_tokens are taken at adoption, so nothing ever runs out mid-stream.
 class decode_core {
  public:
   decode_core(std::string self, decode_settings settings, engine& engine);
@@ -49,6 +77,8 @@ class decode_core {
   [[nodiscard]] const block_manager& pool() const { return pool_; }
   [[nodiscard]] msg::load_report load() const;
   [[nodiscard]] std::map<std::string, uint64_t> counters() const { return counters_; }
+  /// Sequences of the decode step in flight (0 between steps and during a recompute step).
+  [[nodiscard]] std::size_t stepping_batch() const { return recompute_in_flight_ > 0 ? 0 : in_flight_.size(); }
 
  private:
   struct sequence {
@@ -61,6 +91,8 @@ class decode_core {
     std::vector<int32_t> tokens;  // prompt + generated
     uint32_t prompt_len = 0;
     uint32_t generated = 0;       // includes the first token from prefill
+    uint64_t arrival = 0;         // adoption order: preempted sequences resume by it
+    uint32_t recomputed = 0;      // recomputing: positions whose KV is rebuilt
     std::vector<uint32_t> blocks;
     decode_state state = decode_state::waiting_memory;
     int64_t deadline_ms = 0;
@@ -74,7 +106,22 @@ class decode_core {
   /// The KV is in place: confirm to the broker and join the batch (or end if cancelled).
   void kv_arrived(sequence& s, msg::kv_path path);
   void try_admit_waiting(int64_t now_ms);
+  /// Gives preempted sequences their blocks back (oldest first); false while one must wait.
+  [[nodiscard]] bool try_resume_preempted();
+  /// Blocks free after taking `need` stay at the watermark (or the pool is all free).
+  [[nodiscard]] bool can_admit(uint32_t need) const;
   [[nodiscard]] uint32_t reserved_tokens(const sequence& s) const;
+  [[nodiscard]] uint32_t adoption_blocks(const sequence& s) const;
+  [[nodiscard]] bool computing(uint64_t seq_id) const;
+  /// Gives `s` blocks for every token it has, preempting younger sequences for them; false
+  /// when `s` itself was preempted.
+  [[nodiscard]] bool grow(sequence& s);
+  void preempt(sequence& s);
+  [[nodiscard]] sequence* next_recompute();
+  [[nodiscard]] std::chrono::nanoseconds begin_recompute(sequence& s);
+  [[nodiscard]] std::optional<std::chrono::nanoseconds> begin_decode();
+  void finish_recompute(int64_t now_ms);
+  void finish_decode(int64_t now_ms);
   void end(sequence& s, msg::finish_reason reason, msg::error_code code, const std::string& message);
 
   decode_settings settings_;
@@ -83,9 +130,13 @@ class decode_core {
   block_manager pool_;
   std::unordered_map<uint64_t, sequence> seqs_;
   std::deque<uint64_t> waiting_;  // adoptions waiting for memory, FCFS
-  std::vector<uint64_t> running_; // in admission order
+  std::deque<uint64_t> preempted_;  // in arrival order; they go before waiting_
+  std::vector<uint64_t> running_; // running and recomputing, in admission order
   std::vector<uint64_t> in_flight_;
   step_output in_flight_output_;
+  uint32_t recompute_in_flight_ = 0;  // tokens of the recompute step in flight (0: a decode step)
+  bool last_step_recompute_ = false;  // recompute and decode steps take turns
+  uint64_t next_arrival_ = 0;
   std::map<std::string, uint64_t> counters_;
 };
 
