@@ -156,6 +156,14 @@ nlohmann::json run_json(const sim_result& r, const std::string& description) {
                            ? r.counters.at("decode.batched_sequences")
                            : 0;
   j["mean_decode_batch"] = steps > 0 ? double(batched) / double(steps) : 0.0;
+  auto counter = [&](const char* name) -> uint64_t {
+    const auto it = r.counters.find(name);
+    return it == r.counters.end() ? 0 : it->second;
+  };
+  j["peak_decode_batch"] = counter("sim.peak_decode_batch");
+  // on_demand KV: sequences that gave their blocks up, and the KV positions rebuilt for them.
+  j["preemptions"] = counter("decode.preemptions");
+  j["recomputed_tokens"] = counter("decode.recomputed_tokens");
   return j;
 }
 
@@ -219,10 +227,11 @@ int run_sim(const sim_commands::state& s) {
         steps > 0 ? double(result.counters["decode.batched_sequences"]) / steps : 0.0;
     std::printf(
         "%-24s %llu events in %.2f s CPU (%.2f s wall): %.2fM events/s; %.0f s simulated; "
-        "mean decode batch %.1f\n",
+        "mean decode batch %.1f (peak %llu); %llu preemptions\n",
         "", static_cast<unsigned long long>(result.events), result.cpu_s, result.wall_s,
         result.cpu_s > 0 ? double(result.events) / result.cpu_s / 1e6 : 0.0, result.simulated_s,
-        batch);
+        batch, static_cast<unsigned long long>(result.counters["sim.peak_decode_batch"]),
+        static_cast<unsigned long long>(result.counters["decode.preemptions"]));
     sim_json["runs"].push_back(run_json(result, describe(d)));
     runs.push_back(
         make_report_run(result.name, std::move(result.records), slo, std::move(result.series)));

@@ -16,6 +16,7 @@ struct worker_defaults {
   uint32_t prefill_batch = actor_config{}.max_batch;
   uint32_t decode_batch = actor_config{}.max_batch;
   uint32_t chunk_tokens = actor_config{}.chunk_tokens;
+  kv_allocation decode_allocation = kv_allocation::on_demand;
 };
 
 worker_defaults defaults_of(const deployment_config& config) {
@@ -30,6 +31,7 @@ worker_defaults defaults_of(const deployment_config& config) {
       } else if (a.role == actor_role::decode && !decode_seen) {
         decode_seen = true;
         d.decode_batch = a.max_batch;
+        d.decode_allocation = kv_allocation_from_string(a.kv_allocation).value_or(kv_allocation::on_demand);
       }
     }
   }
@@ -82,6 +84,7 @@ sim_deployment deployment_from_config(const deployment_config& config) {
       w.max_batch = a.max_batch;
       w.chunk_tokens = a.chunk_tokens;
       w.own_stream = a.stream != "shared";
+      w.kv_allocation = kv_allocation_from_string(a.kv_allocation).value_or(kv_allocation::on_demand);
       d.workers.push_back(std::move(w));
     }
   }
@@ -126,13 +129,15 @@ sim_deployment parse_deployment_spec(std::string_view spec, const deployment_con
   }
   const std::set<std::string, std::less<>> allowed =
       kind == "colocated"
-          ? std::set<std::string, std::less<>>{"gpus",   "gpu",   "link", "per_host", "batch",
-                                               "pbatch", "chunk", "pmem", "policy",   "name"}
+          ? std::set<std::string, std::less<>>{"gpus",  "gpu",    "link",  "per_host",
+                                               "batch", "pbatch", "chunk", "pmem",
+                                               "policy", "name",  "kv_allocation"}
       : kind == "split"
           ? std::set<std::string, std::less<>>{"gpus",  "gpu",    "sm",    "link", "per_host",
-                                               "batch", "pbatch", "chunk", "pmem", "name"}
+                                               "batch", "pbatch", "chunk", "pmem", "name",
+                                               "kv_allocation"}
           : std::set<std::string, std::less<>>{"gpu",   "p",      "d",     "link", "per_host",
-                                               "batch", "pbatch", "chunk", "name"};
+                                               "batch", "pbatch", "chunk", "name", "kv_allocation"};
   for (const auto& [k, v] : options) {
     if (!allowed.contains(k)) {
       std::string list;
@@ -156,6 +161,12 @@ sim_deployment parse_deployment_spec(std::string_view spec, const deployment_con
       option("per_host") ? to_count(spec, "per_host", *option("per_host"), 1) : 8;
   const std::string every = option("gpu") ? *option("gpu") : gpu;
   const double pmem = option("pmem") ? to_fraction(spec, "pmem", *option("pmem")) : 0.2;
+  kv_allocation allocation = defaults.decode_allocation;
+  if (const auto* a = option("kv_allocation")) {
+    const auto mode = kv_allocation_from_string(*a);
+    if (!mode) bad(spec, "kv_allocation must be on_demand or reserve, not '" + *a + "'");
+    allocation = *mode;
+  }
 
   sim_deployment d;
   d.name = option("name") ? *option("name") : std::string(spec);
@@ -184,6 +195,7 @@ sim_deployment parse_deployment_spec(std::string_view spec, const deployment_con
     w.kv_memory_share = memory_share;
     w.max_batch = role == actor_role::prefill ? prefill_batch : decode_batch;
     w.chunk_tokens = chunk;
+    w.kv_allocation = allocation;
     d.workers.push_back(std::move(w));
   };
   if (shared) {

@@ -10,6 +10,7 @@
 // (GPU type per role), link=same|nvlink|pcie|network, per_host=N (GPUs per host, default 8),
 // batch=B (decode max_batch), pbatch=B (prefill max_batch), chunk=T (prefill chunk tokens),
 // pmem=F (prefill's share of a shared GPU's KV memory, default 0.2),
+// kv_allocation=on_demand|reserve (decode KV: grow and preempt, or reserve the whole length),
 // policy=alternate|prefill_first|decode_first, name=TEXT.
 #include <cstdint>
 #include <stdexcept>
@@ -34,7 +35,7 @@ class deployment_spec_error : public std::invalid_argument {
 [[nodiscard]] sim_deployment deployment_from_config(const deployment_config& config);
 
 /// Reads a spec. `gpu` is the GPU type where the spec names none; worker defaults
-/// (max_batch, chunk_tokens) come from the config's first prefill and decode actors.
+/// (max_batch, chunk_tokens, kv_allocation) come from the config's first prefill and decode actors.
 /// Pools are sized from GPU memory. Throws deployment_spec_error.
 [[nodiscard]] sim_deployment parse_deployment_spec(std::string_view spec,
                                                    const deployment_config& config,

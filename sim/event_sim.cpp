@@ -330,6 +330,8 @@ class event_sim {
         ds.broker = broker_address;
         ds.kv_blocks = u.kv_blocks;
         ds.max_batch = w.max_batch;
+        ds.allocation = w.kv_allocation;
+        ds.chunk_tokens = w.chunk_tokens;
         ds.transfer_timeout_ms = config_.broker.transfer_timeout_ms;
         ds.renew_every_ms = std::max<uint32_t>(config_.broker.lease_ms / 3, 1);
         u.decode = std::make_unique<decode_core>(w.address, ds, *u.engine);
@@ -432,12 +434,13 @@ class event_sim {
                                                                  : std::max(span / 300.0, 0.05)));
     for (const char* name : {"requests in flight", "prompts waiting for prefill", "decode batch",
                              "waiting for decode KV memory", "KV memory used, prefill",
-                             "KV memory used, decode", "GPU busy"}) {
+                             "KV memory used, decode", "GPU busy", "decode preemptions"}) {
       time_series s;
       s.name = name;
       const std::string_view n = name;
       s.unit = n.starts_with("KV")                               ? "fraction"
                : n == "GPU busy"                                 ? "fraction busy"
+               : n == "decode preemptions"                       ? "preemptions so far"
                : n == "decode batch" || n.starts_with("waiting") ? "sequences"
                                                                  : "requests";
       series_.push_back(std::move(s));
@@ -710,7 +713,11 @@ class event_sim {
       tl.step_end = now_ + work_ns + delay_ns;
       push({tl.step_end, event_kind::step_done, false, t, ++tl.generation});
       // The prefill in flight loses SM time to the decode step's work, not to its wait.
-      if (u.decode) yield_to_decode(u, tl, work_ns);
+      if (u.decode) {
+        yield_to_decode(u, tl, work_ns);
+        auto& peak = counters_["sim.peak_decode_batch"];
+        peak = std::max<uint64_t>(peak, u.decode->stepping_batch());
+      }
       return true;
     };
     if (n == 1 || deployment_.policy == step_policy::alternate) {
@@ -777,7 +784,7 @@ class event_sim {
 
   void sample() {
     double prefill_waiting = 0, decode_running = 0, decode_waiting = 0;
-    double p_used = 0, p_total = 0, d_used = 0, d_total = 0;
+    double p_used = 0, p_total = 0, d_used = 0, d_total = 0, preemptions = 0;
     for (const auto& u : units_) {
       const auto l = u->load();
       if (u->prefill) {
@@ -789,6 +796,8 @@ class event_sim {
         decode_waiting += l.queued;
         d_used += u->pool().used_blocks();
         d_total += u->pool().total_blocks();
+        const auto c = u->decode->counters();
+        if (auto it = c.find("preemptions"); it != c.end()) preemptions += double(it->second);
       }
     }
     double busy = 0;
@@ -806,7 +815,8 @@ class event_sim {
         decode_waiting,
         p_total > 0 ? p_used / p_total : 0.0,
         d_total > 0 ? d_used / d_total : 0.0,
-        timelines_.empty() ? 0.0 : std::min(1.0, busy / double(timelines_.size()))};
+        timelines_.empty() ? 0.0 : std::min(1.0, busy / double(timelines_.size())),
+        preemptions};
     for (size_t i = 0; i < series_.size(); ++i) {
       series_[i].t_s.push_back(now_ * 1e-9);
       series_[i].values.push_back(values[i]);

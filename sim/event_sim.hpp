@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "runtime/config.hpp"
+#include "runtime/decode_core.hpp"
 #include "runtime/latency_stats.hpp"
 #include "runtime/model_shape.hpp"
 #include "sim/report.hpp"
@@ -103,7 +104,8 @@ struct sim_worker {
   uint32_t kv_blocks = 0;                 // 0: sized from the GPU's memory (kv_memory_share of it)
   double kv_memory_share = 1.0;           // of the GPU's KV memory, when kv_blocks == 0
   uint32_t max_batch = 64;
-  uint32_t chunk_tokens = 2048;  // prefill
+  uint32_t chunk_tokens = 2048;  // prefill: per chunk; decode: per recompute step
+  duet::kv_allocation kv_allocation = duet::kv_allocation::on_demand;  // decode
   // At sm_share 1: the engine has a stream of its own (a config actor's stream = "own") and
   // steps concurrently with the GPU's other workers, each step slowed by the calibration's
   // contention factor while another worker of the GPU is busy. Otherwise the GPU's full-share
