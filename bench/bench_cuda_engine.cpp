@@ -232,7 +232,7 @@ int main(int argc, char** argv) {
       p.scale = 1.0f / std::sqrt(128.0f);
       const double flops = 4.0 * (double(ctx) * (ctx + 1) / 2) * heads * 128;
       double ms = 0;
-      for (uint32_t variant : {1u, 0u}) {
+      for (uint32_t variant : {1u, 2u, 3u, 0u}) {
         p.variant = variant;
         ms = time_device([&] { k_ok(k::prefill_attention(p, nullptr)); }, 1, 5);
         const std::string v = "_v" + std::to_string(variant);

@@ -225,9 +225,10 @@ __global__ void __launch_bounds__(pf_threads) prefill_kernel(prefill_attention_p
   }
 }
 
-// Variant 0 (default): K and V tiles double-buffered, so tile j + 1 streams in during all of
-// tile j's math; each thread loads half of one row per tile and resolves that row's page once,
-// one tile ahead. Variant 1 (prefill_kernel above) is the first, single-buffered version.
+// Variant 2 (the default before variant 0 below): K and V tiles double-buffered, so tile j + 1
+// streams in during all of tile j's math; each thread loads half of one row per tile and resolves
+// that row's page once, one tile ahead. Variant 1 (prefill_kernel above) is the first,
+// single-buffered version.
 constexpr int pf2_smem =
     (pf_rows + 4 * pf_keys) * head_dim * 2;  // Q + two stages of K and V: 80 KiB
 
@@ -331,6 +332,258 @@ __global__ void __launch_bounds__(pf_threads) prefill_kernel_v2(prefill_attentio
     for (int nt = 0; nt < 16; ++nt) {
       *reinterpret_cast<uint32_t*>(dst + nt * 8) =
           dev::pack(o[nt][2 * r] * inv, o[nt][2 * r + 1] * inv);
+    }
+  }
+}
+
+// Variants 0 (default) and 3: FlashAttention-2's shape. 128 query rows per CTA, 32 per warp (two
+// 16-row m-tiles), so every K or V fragment read from shared memory feeds two mma instead of one (the
+// 64-row kernels above spend one ldmatrix.x4 per two mma, which saturates shared memory as much as
+// the tensor cores). O and S of both m-tiles live in registers; Q fragments are re-read from
+// shared memory per k-step. A warp skips the key tiles that lie wholly after its rows.
+constexpr int pf3_rows = 128;  // query rows per CTA (4 warps x 32)
+constexpr int pf3_smem =
+    (pf3_rows + 4 * pf_keys) * head_dim * 2;  // Q + two stages of K and V: 96 KiB
+
+/// s[MT][NT] (MT 16-row m-tiles x 8 NT keys) = q . K^T, the A fragments of q read from swizzled
+/// smem rows q_row0 .. q_row0 + 16 MT - 1, K rows swizzled in smem.
+template <int MT, int NT>
+__device__ __forceinline__ void qk_tile_smem_q(float (&s)[MT][NT][4], const uint16_t* q_smem,
+                                               int q_row0, const uint16_t* k_smem, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    uint32_t qa[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      dev::ldsm_x4(qa[mt], q_smem + dev::swz(q_row0 + mt * 16 + ((lane >> 3) & 1) * 8 + (lane & 7),
+                                             kk * 2 + ((lane >> 4) & 1)));
+    }
+#pragma unroll
+    for (int nn = 0; nn < NT / 2; ++nn) {
+      uint32_t b[4];
+      dev::ldsm_x4(b, k_smem + dev::swz(nn * 16 + ((lane >> 4) & 1) * 8 + (lane & 7),
+                                        kk * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        dev::mma_bf16(s[mt][2 * nn], qa[mt], b[0], b[1]);
+        dev::mma_bf16(s[mt][2 * nn + 1], qa[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+/// o[MT] (MT m-tiles x 128) += p[MT] (from softmax_update) . V: each V fragment feeds MT mma pairs.
+template <int MT, int NT>
+__device__ __forceinline__ void pv_tile_mt(float (&o)[MT][16][4], const float (&s)[MT][NT][4],
+                                           const uint16_t* v_smem, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < NT / 2; ++kk) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      a[mt][0] = dev::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+      a[mt][1] = dev::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+      a[mt][2] = dev::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+      a[mt][3] = dev::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+    }
+#pragma unroll
+    for (int dn = 0; dn < 8; ++dn) {
+      uint32_t b[4];
+      dev::ldsm_x4_t(b, v_smem + dev::swz(kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7),
+                                          dn * 2 + ((lane >> 4) & 1)));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        dev::mma_bf16(o[mt][2 * dn], a[mt], b[0], b[1]);
+        dev::mma_bf16(o[mt][2 * dn + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+/// softmax_update with FlashAttention-4's conditional rescaling: a 16-row tile's running maxima
+/// move (and O and l are rescaled) only when some row's new maximum exceeds its running one by
+/// more than 8 in log2 units; otherwise the probabilities are taken against the stale maxima. They
+/// are then at most 2^8, exact in fp32 and as precise in bf16, and O / l is the same quotient.
+/// Measured no faster than softmax_update by itself, but with the rescale in a warp-uniform branch
+/// the 64-key sub-tile kernel spills 20 bytes instead of 92, and that one is the fastest.
+template <int NT>
+__device__ __forceinline__ void softmax_update_lazy(float (&s)[NT][4], float (&m)[2],
+                                                    float (&l)[2], float (&o)[16][4],
+                                                    float scale_log2) {
+  float mx[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) mx[r] = fmaxf(mx[r], fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+  }
+  // -inf running maxima (nothing seen yet) always grow; a -inf row maximum never does.
+  const bool grow = (mx[0] - m[0]) * scale_log2 > 8.0f || (mx[1] - m[1]) * scale_log2 > 8.0f;
+  if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m_new = fmaxf(m[r], mx[r]);
+      const float alpha =
+          m_new == -INFINITY ? 1.0f : exp2f(m[r] * scale_log2 - m_new * scale_log2);
+      m[r] = m_new;
+      l[r] *= alpha;
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) {
+        o[nt][2 * r] *= alpha;
+        o[nt][2 * r + 1] *= alpha;
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float base = m[r] == -INFINITY ? 0.0f : m[r] * scale_log2;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      s[nt][2 * r] = exp2f(fmaf(s[nt][2 * r], scale_log2, -base));
+      s[nt][2 * r + 1] = exp2f(fmaf(s[nt][2 * r + 1], scale_log2, -base));
+      l[r] += s[nt][2 * r] + s[nt][2 * r + 1];
+    }
+  }
+}
+
+/// The CTA's 128 rows are (token, query head) pairs of one KV head's group, row v = token
+/// v / group, head v % group, so the K/V tiles it stages serve every query head that reads them
+/// (GQA: a quarter of the shared-memory fills for the 8B shape's group of 4; 204 against 187
+/// TFLOP/s with 128 tokens of one head per CTA, 8K on the H200).
+template <int Sub>
+__global__ void __launch_bounds__(pf_threads, 2) prefill_kernel_v3(prefill_attention_params p) {
+  dev::pdl_wait();
+  extern __shared__ __align__(128) uint16_t smem[];
+  constexpr int tile = pf_keys * head_dim;
+  constexpr int MT = 2;  // m-tiles per warp
+  uint16_t* q_s = smem;
+  uint16_t* kv_s = q_s + pf3_rows * head_dim;  // stage s: K at kv_s + 2 s tile, V right after
+
+  const int seq = blockIdx.z;
+  const int packed = static_cast<int>(p.heads / p.kv_heads);  // query heads per token (group)
+  const uint32_t kv_head = blockIdx.y;
+  const int head0 = static_cast<int>(kv_head) * packed;
+  const int row_begin = p.seq_rows[seq];
+  const int rows = p.seq_rows[seq + 1] - row_begin;
+  const int vrows = rows * packed;  // the CTA rows of this sequence and KV head
+  const int tiles = (vrows + pf3_rows - 1) / pf3_rows;
+  if (static_cast<int>(blockIdx.x) >= tiles) return;
+  const int v0 = (tiles - 1 - static_cast<int>(blockIdx.x)) * pf3_rows;  // longest tiles first
+  const int start = p.seq_start[seq];
+  const int kv_len = start + min((v0 + pf3_rows - 1) / packed + 1, rows);
+  const int32_t* table = p.block_table + p.seq_table[seq];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int row = tid >> 1, half = tid & 1;  // this thread's share of every K/V tile
+  const int bt = static_cast<int>(p.kv.block_tokens);
+  auto block_of = [&](int key) { return key < kv_len ? table[key / bt] : 0; };
+  auto load_tile = [&](int j, int32_t block) {
+    const int key = j * pf_keys + row;
+    const bool valid = key < kv_len;
+    uint16_t* st = kv_s + (j & 1) * 2 * tile;
+    load_half_row(st, p.kv, p.layer, 0, kv_head, block, static_cast<uint32_t>(key % bt), row, half,
+                  valid);
+    load_half_row(st + tile, p.kv, p.layer, 1, kv_head, block, static_cast<uint32_t>(key % bt), row,
+                  half, valid);
+  };
+
+  {  // Q: thread tid loads CTA row tid (16 chunks of 16 bytes)
+    const int v = v0 + tid;
+    const bool valid = v < vrows;
+    const uint16_t* src = valid ? p.q + static_cast<uint64_t>(row_begin + v / packed) * p.q_stride +
+                                      (head0 + v % packed) * head_dim
+                                : p.q;
+#pragma unroll
+    for (int c = 0; c < 16; ++c)
+      dev::cp_async16(q_s + dev::swz(tid, c), valid ? src + c * 8 : src, valid);
+  }
+  const int n_tiles = (kv_len + pf_keys - 1) / pf_keys;
+  load_tile(0, block_of(row));
+  dev::cp_async_commit();
+  int32_t block_next = block_of(pf_keys + row);
+
+  const float scale_log2 = p.scale * log2e;
+  float o[MT][16][4] = {};
+  float m[MT][2], l[MT][2];
+  int pos[MT][2];  // positions of this thread's rows g and g + 8 of each m-tile
+  const int g = lane >> 2, t = lane & 3;
+  const int wv0 = v0 + warp * 16 * MT;  // this warp's first CTA row
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      m[mt][r] = -INFINITY;
+      l[mt][r] = 0.0f;
+      pos[mt][r] = start + (wv0 + mt * 16 + g + r * 8) / packed;
+    }
+  }
+  const int warp_first = start + wv0 / packed;                 // its rows' first position
+  const int warp_last = start + (wv0 + 16 * MT - 1) / packed;  // and last
+  const bool warp_has_rows = wv0 < vrows;
+  for (int j = 0; j < n_tiles; ++j) {
+    if (j + 1 < n_tiles) {
+      load_tile(j + 1, block_next);
+      dev::cp_async_commit();
+      block_next = block_of((j + 2) * pf_keys + row);
+      dev::cp_async_wait<1>();
+    } else {
+      dev::cp_async_wait<0>();
+    }
+    __syncthreads();  // tile j (and Q) visible to every warp
+    // The tile in sub-tiles of Sub keys, one softmax step each. Sub = 64 (variant 0) reads each
+    // Q fragment once per tile but spills 20 bytes; Sub = 32 (variant 3) fits the register file
+    // and re-reads Q per sub-tile. 64 measured faster on the H200 (223 vs 204 TFLOP/s, 8K).
+#pragma unroll
+    for (int sub = 0; sub < pf_keys / Sub; ++sub) {
+      const int key0 = j * pf_keys + sub * Sub;
+      // Every key after every row of this warp, or the warp holds only padding rows: nothing to do.
+      if (key0 > warp_last || !warp_has_rows) continue;
+      const uint16_t* k_s = kv_s + (j & 1) * 2 * tile + sub * Sub * head_dim;
+      float s[MT][Sub / 8][4];
+      qk_tile_smem_q<MT, Sub / 8>(s, q_s, warp * 16 * MT, k_s, lane);
+      if (key0 + Sub - 1 > warp_first) {  // some key lies after some row: mask
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+          for (int nt = 0; nt < Sub / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int key = key0 + nt * 8 + 2 * t + (e & 1);
+              if (key > pos[mt][e >> 1]) s[mt][nt][e] = -INFINITY;
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+        softmax_update_lazy<Sub / 8>(s[mt], m[mt], l[mt], o[mt], scale_log2);
+      pv_tile_mt<MT, Sub / 8>(o, s, k_s + tile, lane);
+    }
+    __syncthreads();  // every warp is done with this stage before iteration j + 1 refills it
+  }
+
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = l[mt][r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      const int v = wv0 + mt * 16 + g + r * 8;
+      if (v >= vrows) continue;
+      uint16_t* dst = p.out + static_cast<uint64_t>(row_begin + v / packed) * p.out_stride +
+                      (head0 + v % packed) * head_dim + 2 * t;
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) {
+        *reinterpret_cast<uint32_t*>(dst + nt * 8) =
+            dev::pack(o[mt][nt][2 * r] * inv, o[mt][nt][2 * r + 1] * inv);
+      }
     }
   }
 }
@@ -649,14 +902,32 @@ kstatus prefill_attention(const prefill_attention_params& p, cudaStream_t stream
   DUET_KREQUIRE(p.heads <= 65535 && p.seqs <= 65535,
                 "prefill_attention: too many heads or sequences");
   if (p.seqs == 0 || p.max_seq_rows == 0) return {};
-  DUET_KREQUIRE(p.variant <= 1, "prefill_attention: variant must be 0 or 1");
+  DUET_KREQUIRE(p.variant <= 3, "prefill_attention: variant must be 0, 1, 2 or 3");
+  DUET_KREQUIRE(uint64_t{p.max_seq_rows} * (p.heads / p.kv_heads) < (1u << 31),
+                "prefill_attention: too many rows");
   const dim3 grid((p.max_seq_rows + pf_rows - 1) / pf_rows, p.heads, p.seqs);
-  if (p.variant == 1) {
-    DUET_KCHECK(launch(prefill_kernel, grid, dim3(pf_threads), pf_smem, stream, p));
-  } else {
-    DUET_KCHECK(cudaFuncSetAttribute(prefill_kernel_v2, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     pf2_smem));
-    DUET_KCHECK(launch(prefill_kernel_v2, grid, dim3(pf_threads), pf2_smem, stream, p));
+  switch (p.variant) {
+    case 0: {
+      const uint32_t vrows = p.max_seq_rows * (p.heads / p.kv_heads);
+      const dim3 grid0((vrows + pf3_rows - 1) / pf3_rows, p.kv_heads, p.seqs);
+      DUET_KCHECK(cudaFuncSetAttribute(prefill_kernel_v3<64>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, pf3_smem));
+      DUET_KCHECK(launch(prefill_kernel_v3<64>, grid0, dim3(pf_threads), pf3_smem, stream, p));
+      break;
+    }
+    case 3: {
+      const uint32_t vrows = p.max_seq_rows * (p.heads / p.kv_heads);
+      const dim3 grid3((vrows + pf3_rows - 1) / pf3_rows, p.kv_heads, p.seqs);
+      DUET_KCHECK(cudaFuncSetAttribute(prefill_kernel_v3<32>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, pf3_smem));
+      DUET_KCHECK(launch(prefill_kernel_v3<32>, grid3, dim3(pf_threads), pf3_smem, stream, p));
+      break;
+    }
+    case 1: DUET_KCHECK(launch(prefill_kernel, grid, dim3(pf_threads), pf_smem, stream, p)); break;
+    default:
+      DUET_KCHECK(cudaFuncSetAttribute(prefill_kernel_v2,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, pf2_smem));
+      DUET_KCHECK(launch(prefill_kernel_v2, grid, dim3(pf_threads), pf2_smem, stream, p));
   }
   return {};
 }
@@ -683,7 +954,8 @@ kstatus decode_attention(const decode_attention_params& p, cudaStream_t stream) 
       "decode_attention: null pointer");
   DUET_KREQUIRE(p.batch <= 65535, "decode_attention: batch over 65535");
   if (p.batch == 0) return {};
-  DUET_KREQUIRE(p.variant <= 1, "decode_attention: variant must be 0 or 1");
+  // Variants 2 and 3 exist for prefill only; decode runs its default then.
+  DUET_KREQUIRE(p.variant <= 3, "decode_attention: variant must be 0 to 3");
   const dim3 grid(p.max_splits, p.kv_heads, p.batch);
   if (p.variant == 1) {
     DUET_KCHECK(

@@ -4,8 +4,8 @@
 //
 // prefill_attention: the rows of one step's chunks (several sequences packed), each attending
 // to every earlier position of its sequence, earlier chunks' KV included (this step's K and V
-// must already be in the pool). Flash-attention tiles of 64 queries x 64 keys on bf16 mma.sync,
-// the next K/V tile loading while the current one is computed.
+// must already be in the pool). Flash-attention tiles of 128 queries (32 per warp) x 64 keys on
+// bf16 mma.sync, the next K/V tile loading while the current one is computed.
 //
 // decode_attention: one query row per sequence. One CTA serves all query heads of one KV head
 // (the group is one 16-row mma tile) over a range of keys; long contexts are split over up to
@@ -38,7 +38,8 @@ struct prefill_attention_params {
   uint32_t heads = 0;
   uint32_t kv_heads = 0;  // divides heads
   float scale = 0.0f;     // softmax scale, 1 / sqrt(head_dim)
-  uint32_t variant = 0;   // 0: double-buffered K/V tiles; 1: the first, single-buffered kernel
+  uint32_t variant = 0;   // 0: 128-row tiles, double-buffered K/V; 1: the first, single-buffered
+                          // 64-row kernel; 2: 64-row tiles, double-buffered (the earlier default)
 };
 
 kstatus prefill_attention(const prefill_attention_params& p, cudaStream_t stream);
@@ -62,7 +63,7 @@ struct decode_attention_params {
   uint32_t max_splits = 1;        // CTAs per (sequence, KV head), <= decode_attention_max_splits
   uint32_t split_min_keys = 128;  // a split gets at least this many keys
   uint32_t variant =
-      0;  // 0: double-buffered 16-key warp tiles; 1: the first, single-buffered kernel
+      0;  // 0 (and 2): double-buffered 16-key warp tiles; 1: the first, single-buffered kernel
   // Workspace (decode_attention_workspace_bytes), the counters zeroed once before first use;
   // every launch leaves them zero again.
   void* workspace = nullptr;

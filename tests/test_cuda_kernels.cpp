@@ -315,42 +315,54 @@ TEST_CASE(
     int start, rows;
   };
   std::vector<std::vector<seq>> batches = {
-      {{0, 1}}, {{0, 77}, {100, 64}, {513, 200}, {3, 5}}, {{0, 300}}};
+      {{0, 1}}, {{0, 77}, {100, 64}, {513, 200}, {3, 5}}, {{0, 300}}, {{37, 700}, {0, 129}}};
   std::vector<shape> shapes = {{32, 8, 16}, {12, 2, 32}, {28, 4, 8}};
   if (small_sweep()) {
-    batches = {{{0, 70}, {40, 9}}};
+    batches = {{{0, 70}, {40, 9}, {5, 150}}};
     shapes = {{8, 2, 16}};
   }
-  for (uint32_t variant : {0u, 1u}) {
-    for (const shape& sh : shapes) {
-      for (const auto& batch : batches) {
-        std::vector<int> lens;
-        std::vector<int32_t> seq_rows{0}, seq_start;
-        uint32_t max_rows = 0;
-        for (const seq& s : batch) {
-          lens.push_back(s.start + s.rows);
-          seq_start.push_back(s.start);
-          seq_rows.push_back(seq_rows.back() + s.rows);
-          max_rows = std::max<uint32_t>(max_rows, static_cast<uint32_t>(s.rows));
-        }
-        paged_setup ps = make_pool(rng, sh.kv_heads, sh.block_tokens, lens);
-        const uint32_t rows = static_cast<uint32_t>(seq_rows.back());
-        const uint32_t q_stride = (sh.heads + 2 * sh.kv_heads) * 128;
-        const auto q = random_bf16(uint64_t{rows} * q_stride, rng, 1.0f);
-        dbuf<uint16_t> dq(q), dpool(ps.pool), dout(uint64_t{rows} * sh.heads * 128);
-        dbuf<int32_t> dtable(ps.table), drows(seq_rows), dstart(seq_start), dat(ps.table_at);
-        prefill_attention_params p;
-        p.q_stride = q_stride;
-        p.out_stride = sh.heads * 128;
-        p.kv = ps.kv;
-        p.layer = 1;
-        p.seqs = static_cast<uint32_t>(batch.size());
-        p.max_seq_rows = max_rows;
-        p.heads = sh.heads;
-        p.kv_heads = sh.kv_heads;
-        p.scale = 1.0f / std::sqrt(128.0f);
-        p.variant = variant;
+  // One reference per shape and batch; every variant is checked against it, its output poisoned
+  // first.
+  for (const shape& sh : shapes) {
+    for (const auto& batch : batches) {
+      std::vector<int> lens;
+      std::vector<int32_t> seq_rows{0}, seq_start;
+      uint32_t max_rows = 0;
+      for (const seq& s : batch) {
+        lens.push_back(s.start + s.rows);
+        seq_start.push_back(s.start);
+        seq_rows.push_back(seq_rows.back() + s.rows);
+        max_rows = std::max<uint32_t>(max_rows, static_cast<uint32_t>(s.rows));
+      }
+      paged_setup ps = make_pool(rng, sh.kv_heads, sh.block_tokens, lens);
+      const uint32_t rows = static_cast<uint32_t>(seq_rows.back());
+      const uint32_t q_stride = (sh.heads + 2 * sh.kv_heads) * 128;
+      const auto q = random_bf16(uint64_t{rows} * q_stride, rng, 1.0f);
+      dbuf<uint16_t> dq(q), dpool(ps.pool), dout(uint64_t{rows} * sh.heads * 128);
+      dbuf<int32_t> dtable(ps.table), drows(seq_rows), dstart(seq_start), dat(ps.table_at);
+      prefill_attention_params p;
+      p.q_stride = q_stride;
+      p.out_stride = sh.heads * 128;
+      p.kv = ps.kv;
+      p.layer = 1;
+      p.seqs = static_cast<uint32_t>(batch.size());
+      p.max_seq_rows = max_rows;
+      p.heads = sh.heads;
+      p.kv_heads = sh.kv_heads;
+      p.scale = 1.0f / std::sqrt(128.0f);
+      std::vector<uint16_t> ref(uint64_t{rows} * sh.heads * 128);
+      prefill_attention_params r = p;
+      r.q = q.data();
+      r.out = ref.data();
+      r.kv.pool = ps.pool.data();
+      r.block_table = ps.table.data();
+      r.seq_rows = seq_rows.data();
+      r.seq_start = seq_start.data();
+      r.seq_table = ps.table_at.data();
+      prefill_attention_reference(r);
+      for (uint32_t variant : {0u, 1u, 2u, 3u}) {
         prefill_attention_params g = p;
+        g.variant = variant;
         g.q = dq.get();
         g.out = dout.get();
         g.kv.pool = dpool.get();
@@ -358,21 +370,12 @@ TEST_CASE(
         g.seq_rows = drows.get();
         g.seq_start = dstart.get();
         g.seq_table = dat.get();
+        dout.poison();
         ok(prefill_attention(g, nullptr));
-        std::vector<uint16_t> ref(uint64_t{rows} * sh.heads * 128);
-        prefill_attention_params r = p;
-        r.q = q.data();
-        r.out = ref.data();
-        r.kv.pool = ps.pool.data();
-        r.block_table = ps.table.data();
-        r.seq_rows = seq_rows.data();
-        r.seq_start = seq_start.data();
-        r.seq_table = ps.table_at.data();
-        prefill_attention_reference(r);
         INFO("variant " << variant << " heads " << sh.heads << "/" << sh.kv_heads
                         << " block_tokens " << sh.block_tokens << " rows " << rows);
-        // Bound 1e-2: probabilities rounded to bf16 before P.V, fp32 accumulation (flash-attention
-        // numerics).
+        // Bound 1e-2: probabilities rounded to bf16 before P.V, fp32 accumulation
+        // (flash-attention numerics).
         expect(compare_bf16(dout.download(), ref), 1e-2, "prefill attention");
       }
     }
