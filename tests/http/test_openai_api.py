@@ -581,6 +581,53 @@ role = "decode"
         s.stop()
 
 
+def test_workers_on_another_node_stream_through_the_front_nodes_http(tmp_path):
+    """Router and HTTP on one process, prefill and decode on another (over ipc://): the decode
+    worker's tokens reach the HTTP client through the front node, streamed or not."""
+    port = free_port()
+    config = tmp_path / "two-nodes.toml"
+    config.write_text(head_toml() + f"""
+[[nodes]]
+name = "front"
+endpoint = "ipc://{tmp_path}/front.sock"
+http = "127.0.0.1:{port}"
+
+[[nodes.actors]]
+name = "router"
+role = "router"
+
+[[nodes.actors]]
+name = "broker"
+role = "broker"
+
+[[nodes]]
+name = "workers"
+endpoint = "ipc://{tmp_path}/workers.sock"
+
+[[nodes.actors]]
+name = "prefill0"
+role = "prefill"
+
+[[nodes.actors]]
+name = "decode0"
+role = "decode"
+""")
+    s = Server(["up", "--config", str(config), "--api-key", API_KEY], port, tmp_path / "duet.log")
+    try:
+        s.wait_healthy()
+        c = openai.OpenAI(base_url=s.base + "/v1", api_key=API_KEY, max_retries=0, timeout=30)
+        whole = c.completions.create(model=MODEL, prompt="over there", max_tokens=12)
+        assert whole.usage.completion_tokens == 12
+        assert whole.choices[0].finish_reason == "length"
+        chunks = list(c.completions.create(model=MODEL, prompt="over there", max_tokens=12, stream=True,
+                                           stream_options={"include_usage": True}))
+        assert chunks[-1].usage.completion_tokens == 12
+        # Tokens 2..12 come from the decode worker on the other node: more than one event.
+        assert sum(1 for ch in chunks if ch.choices and ch.choices[0].text) > 1
+    finally:
+        s.stop()
+
+
 def test_logprobs_from_the_embedded_model_match_the_answer_streamed_or_not(tmp_path):
     """`duet up` with no config: SmolLM2 on the CPU engine (scripts/fetch-model.sh), prefill and
     decode actors; the official SDK asks for log-probabilities in every shape it has."""
