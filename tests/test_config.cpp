@@ -628,6 +628,23 @@ TEST_CASE("a stream is own or shared, and a shared stream cannot have an SM shar
       (void)parse_config(one_node + "stream = \"own\"\nsm_share = 0.5\ndevice = 1\n", "t"));
 }
 
+TEST_CASE("a decode actor allocates KV on demand unless it says reserve") {
+  const auto defaults = parse_config(one_node, "t");
+  CHECK(defaults.nodes[0].actors[3].kv_allocation == "on_demand");
+  CHECK(duet::actor_config{}.kv_allocation == "on_demand");
+  const auto reserve = parse_config(one_node + "kv_allocation = \"reserve\"\n", "t");
+  CHECK(reserve.nodes[0].actors[3].kv_allocation == "reserve");
+  CHECK(parse_config(one_node + "kv_allocation = \"on_demand\"\n", "t").nodes[0].actors[3].kv_allocation ==
+        "on_demand");
+}
+
+TEST_CASE("a kv_allocation other than on_demand or reserve is refused with file, line and key") {
+  CHECK_REJECTS(one_node + "kv_allocation = \"reserved\"\n",
+                "t.toml:16:17: key 'nodes[0].actors[3].kv_allocation': must be one of: on_demand, reserve "
+                "(got 'reserved'; did you mean 'reserve'?)");
+  CHECK_REJECTS(one_node + "kv_allocation = 1\n", "t.toml:16:17: key 'nodes[0].actors[3].kv_allocation': ");
+}
+
 TEST_CASE("kv_memory_fraction lies in [0, 1) and counts are at least 1") {
   CHECK_REJECTS(one_node + "kv_memory_fraction = 1.0\n",
                 "t.toml:16:22: key 'nodes[0].actors[3].kv_memory_fraction': must be in [0, 1)");

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
+#include <map>
 #include <numeric>
 #include <random>
 #include <set>
@@ -12,9 +14,14 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "messages/codec.hpp"
 #include "runtime/block_manager.hpp"
 #include "runtime/broker_core.hpp"
+#include "runtime/cpu_engine.hpp"
+#include "runtime/hf_model.hpp"
+#include "runtime/random_checkpoint.hpp"
 #include "runtime/decode_core.hpp"
 #include "runtime/model_shape.hpp"
 #include "runtime/prefill_core.hpp"
@@ -83,11 +90,13 @@ class probe_engine final : public duet::engine {
   }
   [[nodiscard]] const duet::engine_info& info() const override { return info_; }
   [[nodiscard]] duet::step_output prefill(std::span<const duet::prefill_chunk> chunks) override {
+    order += 'p';
     auto& step = prefill_steps.emplace_back();
     for (const auto& c : chunks) step.push_back({c.seq_id, static_cast<uint32_t>(c.tokens.size()), c.start, c.last});
     return inner_.prefill(chunks);
   }
   [[nodiscard]] duet::step_output decode(std::span<const duet::decode_slot> slots) override {
+    order += 'd';
     decode_batches.push_back(slots.size());
     return inner_.decode(slots);
   }
@@ -96,6 +105,7 @@ class probe_engine final : public duet::engine {
   std::vector<std::vector<chunk_record>> prefill_steps;
   std::vector<std::size_t> decode_batches;
   std::vector<uint64_t> released;
+  std::string order;  // one letter per step: 'p' prefill, 'd' decode
 
  private:
   sim_engine inner_;
@@ -1282,12 +1292,15 @@ struct decode_fixture {
   duet::decode_core core;
   int64_t now = t0;
 
-  static duet::decode_settings settings_with(uint32_t kv_blocks, uint32_t max_batch = 64) {
+  static duet::decode_settings settings_with(uint32_t kv_blocks, uint32_t max_batch = 64,
+                                             duet::kv_allocation mode = duet::kv_allocation::on_demand) {
     duet::decode_settings s;
     s.router = router_addr;
     s.broker = broker_addr;
     s.kv_blocks = kv_blocks;
     s.max_batch = max_batch;
+    s.allocation = mode;
+    s.chunk_tokens = 32;
     s.transfer_timeout_ms = 5000;
     s.renew_every_ms = 2000;
     return s;
@@ -1353,6 +1366,18 @@ msg::finish only_finish(const std::vector<outgoing>& sent, uint64_t seq) {
   return f[0].body;
 }
 
+/// The finish and request_done messages among `sent` that belong to sequence `seq`.
+std::vector<outgoing> messages_of_seq(const std::vector<outgoing>& sent, uint64_t seq) {
+  std::vector<outgoing> out;
+  for (const auto& item : sent) {
+    const std::vector<outgoing> one{item};
+    const auto f = messages_of<msg::finish>(one);
+    const auto d = messages_of<msg::request_done>(one);
+    if ((!f.empty() && f[0].body.request_id == 100 + seq) || (!d.empty() && d[0].body.seq_id == seq)) out.push_back(item);
+  }
+  return out;
+}
+
 /// Tokens and positions a client got for one request across token batches.
 std::pair<std::vector<int32_t>, std::vector<uint32_t>> stream_of(const std::vector<outgoing>& sent, uint64_t request_id) {
   std::pair<std::vector<int32_t>, std::vector<uint32_t>> out;
@@ -1367,8 +1392,8 @@ std::pair<std::vector<int32_t>, std::vector<uint32_t>> stream_of(const std::vect
 }
 }  // namespace
 
-TEST_CASE("an adoption reserves blocks for the prompt plus max_new_tokens minus one and pulls into them") {
-  decode_fixture d;
+TEST_CASE("with reserve, an adoption reserves blocks for the prompt plus max_new_tokens minus one and pulls into them") {
+  decode_fixture d(decode_fixture::settings_with(1024, 64, duet::kv_allocation::reserve));
   auto sent = d.adopt(1, prompt_of(100), with_max_new(29), client_a, t0 + 9000);  // 128 tokens: 8 blocks
   auto pull = messages_of<msg::kv_pull>(sent);
   REQUIRE(pull.size() == 1);
@@ -1383,6 +1408,34 @@ TEST_CASE("an adoption reserves blocks for the prompt plus max_new_tokens minus 
   CHECK(d.core.pool().used_blocks() == 17);
   CHECK(d.adopt(2, prompt_of(100), with_max_new(30)).empty());  // a duplicate adopt is ignored
   CHECK(d.core.counters().at("duplicate_adopts") == 1);
+}
+
+TEST_CASE("on demand, an adoption takes blocks for the prompt and the first token only, and grows one block at a time") {
+  decode_fixture d;
+  auto sent = d.adopt(1, prompt_of(100), with_max_new(29));  // 101 tokens: 7 blocks, not 8
+  auto pull = messages_of<msg::kv_pull>(sent);
+  REQUIRE(pull.size() == 1);
+  CHECK(pull[0].body.block_ids.size() == 7);
+  CHECK(d.core.pool().used_blocks() == 7);
+  (void)d.moved(1);
+  // Steps feed 101 .. 112 tokens (positions up to 111): 7 blocks; the 13th step needs an 8th.
+  for (int i = 0; i < 12; ++i) REQUIRE(d.step().has_value());
+  CHECK(d.core.pool().used_blocks() == 7);
+  REQUIRE(d.step().has_value());
+  CHECK(d.core.pool().used_blocks() == 8);
+  CHECK(only_finish(d.run(), 1).reason == msg::finish_reason::length);
+  CHECK(d.pool_full());
+  CHECK_FALSE(d.core.counters().contains("preemptions"));
+}
+
+TEST_CASE("on demand, an adoption is admitted only while 1% of the pool (at least a block) stays free after it") {
+  decode_fixture d(decode_fixture::settings_with(300));  // watermark: 3 blocks
+  CHECK(count_of<msg::kv_pull>(d.adopt(1, prompt_of(16 * 290 - 1), with_max_new(2))) == 1);  // 290 blocks
+  CHECK(count_of<msg::kv_pull>(d.adopt(2, prompt_of(16 * 8 - 1), with_max_new(2))) == 0);    // 8: leaves 2
+  CHECK(d.core.load().queued == 1);
+  CHECK(d.cancel(2).size() == 3);  // nack, finish, request_done
+  CHECK(count_of<msg::kv_pull>(d.adopt(3, prompt_of(16 * 7 - 1), with_max_new(2))) == 1);    // 7: leaves 3
+  CHECK(d.core.pool().free_blocks() == 3);
 }
 
 TEST_CASE("an adoption waits for memory and is admitted when a finishing sequence frees blocks") {
@@ -1434,7 +1487,7 @@ TEST_CASE("an adoption that waits for memory past the transfer timeout is nacked
   CHECK(f.code == msg::error_code::overloaded);
   CHECK(f.prompt_tokens == 40);
   CHECK(d.core.counters().at("memory_timeouts") == 1);
-  CHECK(d.core.pool().used_blocks() == 8);  // the running sequence is untouched
+  CHECK(d.core.pool().used_blocks() == 7);  // the running sequence is untouched (101 tokens)
 }
 
 TEST_CASE("a failed transfer ends the sequence with the broker's error code") {
@@ -1476,7 +1529,7 @@ TEST_CASE("a cancel while waiting for memory nacks the handle and ends at once")
   CHECK(nack[0].body.handle_id == 2);
   CHECK(only_finish(sent, 2).reason == msg::finish_reason::cancelled);
   CHECK(d.core.load().queued == 0);
-  CHECK(d.core.pool().used_blocks() == 8);
+  CHECK(d.core.pool().used_blocks() == 7);  // 101 tokens; taking the other 3 would leave none free
 }
 
 TEST_CASE("a cancel while pulling ends the sequence once the KV arrives, confirming it first") {
@@ -1671,6 +1724,325 @@ TEST_CASE("an adoption waiting for memory is admitted at the next tick when a fa
   auto pull = messages_of<msg::kv_pull>(d.tick(t0 + 20));
   REQUIRE(pull.size() == 1);
   CHECK(pull[0].body.handle_id == 2);
+}
+
+
+namespace {
+/// Three sequences of 40-token prompts in a 10-block pool (16-token blocks, watermark 1):
+/// A (seq 1, 60 tokens to generate), B and C (seqs 2, 3, 20 each) are all admitted (3 blocks
+/// each). At 49 tokens A and B each need a 4th block; only one is free, so C, the youngest,
+/// is preempted. When B ends, C resumes by recomputing its 48 positions in chunks of 32.
+struct preemption_fixture {
+  decode_fixture d{decode_fixture::settings_with(10)};
+  std::map<uint64_t, std::vector<int32_t>> prompts;
+  std::vector<outgoing> sent;
+
+  explicit preemption_fixture(int64_t c_deadline_ms = 0) {
+    const uint32_t max_new[] = {60, 20, 20};
+    for (uint64_t seq = 1; seq <= 3; ++seq) {
+      prompts[seq] = prompt_of(40, uint32_t(10 + seq));
+      (void)d.adopt(seq, prompts[seq], with_max_new(max_new[seq - 1]), client_a, seq == 3 ? c_deadline_ms : 0);
+      (void)d.moved(seq);
+    }
+  }
+  /// Steps until `done()` holds after a step; false if the work ran out first.
+  template <class F>
+  bool step_until(F done) {
+    while (!done()) {
+      auto out = d.step();
+      if (!out) return false;
+      sent.insert(sent.end(), out->begin(), out->end());
+    }
+    return true;
+  }
+  [[nodiscard]] uint64_t counter(const std::string& name) const {
+    const auto c = d.core.counters();
+    return c.contains(name) ? c.at(name) : 0;
+  }
+  void run_rest() {
+    const auto rest = d.run();
+    sent.insert(sent.end(), rest.begin(), rest.end());
+  }
+};
+}  // namespace
+
+TEST_CASE("on demand, the youngest sequence is preempted when the pool runs dry and resumes by recompute with the reference tokens") {
+  preemption_fixture p;
+  REQUIRE(p.step_until([&] { return p.counter("preemptions") > 0; }));
+  CHECK(p.d.core.load().queued == 1);  // a preempted sequence counts as queued
+  CHECK(p.d.core.load().running == 2);
+  CHECK(p.d.core.pool().free_blocks() == 2);  // C gave all three blocks; B took one of them
+  CHECK(p.d.engine.released.empty());         // its engine state stays (seeded samplers)
+  p.run_rest();
+  CHECK(p.counter("preemptions") == 1);
+  CHECK(p.counter("resumed") == 1);
+  CHECK(p.counter("recomputed_tokens") == 48);
+  // The recompute: prompt + the 8 tokens generated before preemption, without the next input.
+  REQUIRE(p.d.engine.prefill_steps.size() == 2);
+  CHECK(p.d.engine.prefill_steps[0].size() == 1);
+  CHECK(p.d.engine.prefill_steps[0][0].seq_id == 3);
+  CHECK(p.d.engine.prefill_steps[0][0].tokens == 32);
+  CHECK(p.d.engine.prefill_steps[0][0].start == 0);
+  CHECK_FALSE(p.d.engine.prefill_steps[0][0].last);
+  CHECK(p.d.engine.prefill_steps[1][0].tokens == 16);
+  CHECK(p.d.engine.prefill_steps[1][0].start == 32);
+  CHECK_FALSE(p.d.engine.prefill_steps[1][0].last);
+  // Recompute chunks take turns with A's decode steps.
+  CHECK(p.d.engine.order.find("dpdpd") != std::string::npos);
+  CHECK(p.d.engine.order.find("pp") == std::string::npos);
+  const uint32_t max_new[] = {60, 20, 20};
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    CAPTURE(seq);
+    const auto f = only_finish(messages_of_seq(p.sent, seq), seq);
+    CHECK(f.reason == msg::finish_reason::length);
+    CHECK(f.completion_tokens == max_new[seq - 1]);
+    const auto [tokens, positions] = stream_of(p.sent, 100 + seq);
+    const auto all = reference(p.prompts[seq], max_new[seq - 1]);
+    CHECK(tokens == std::vector<int32_t>(all.begin() + 41, all.end()));  // after the first token
+  }
+  CHECK(p.d.engine.released == std::vector<uint64_t>{2, 3, 1});  // once each, at the end
+  CHECK(p.d.pool_full());
+  CHECK(p.d.core.pool().double_frees() == 0);
+}
+
+TEST_CASE("with reserve, the same three sequences never preempt: the third waits for memory instead") {
+  decode_fixture d(decode_fixture::settings_with(10, 64, duet::kv_allocation::reserve));
+  CHECK(count_of<msg::kv_pull>(d.adopt(1, prompt_of(40, 11), with_max_new(60))) == 1);  // 99 tokens: 7 blocks
+  CHECK(count_of<msg::kv_pull>(d.adopt(2, prompt_of(40, 12), with_max_new(20))) == 0);  // 59 tokens: 4 blocks
+  CHECK(d.core.load().queued == 1);
+  (void)d.moved(1);
+  (void)d.run();
+  CHECK_FALSE(d.core.counters().contains("preemptions"));
+}
+
+TEST_CASE("a cancel while preempted ends the sequence at once with one final answer and no broker message") {
+  preemption_fixture p;
+  REQUIRE(p.step_until([&] { return p.counter("preemptions") > 0; }));
+  const auto sent = p.d.cancel(3);
+  CHECK(count_of<msg::kv_nack>(sent) == 0);  // the handle was confirmed long ago
+  const auto f = only_finish(sent, 3);
+  CHECK(f.reason == msg::finish_reason::cancelled);
+  CHECK(f.completion_tokens == 9);
+  CHECK(p.d.core.load().queued == 0);
+  p.run_rest();
+  CHECK(count_of<msg::finish>(p.sent) == 2);
+  CHECK(p.counter("resumed") == 0);
+  CHECK(p.d.pool_full());
+  CHECK(p.d.core.pool().double_frees() == 0);
+}
+
+TEST_CASE("a deadline while preempted ends the sequence at the next tick with timeout, once") {
+  preemption_fixture p(t0 + 5000);
+  REQUIRE(p.step_until([&] { return p.counter("preemptions") > 0; }));
+  CHECK(p.d.tick(t0 + 4999).empty());
+  const auto f = only_finish(p.d.tick(t0 + 5000), 3);
+  CHECK(f.reason == msg::finish_reason::timeout);
+  CHECK(f.code == msg::error_code::timeout);
+  p.d.now = t0;  // the others have no deadline
+  p.run_rest();
+  CHECK(count_of<msg::finish>(p.sent) == 2);
+  CHECK(p.d.pool_full());
+  CHECK(p.d.core.pool().double_frees() == 0);
+}
+
+TEST_CASE("a cancel during a recompute step ends the sequence when the step finishes and frees its blocks once") {
+  preemption_fixture p;
+  REQUIRE(p.step_until([&] { return p.counter("resumed") == 0 && !p.d.engine.prefill_steps.empty(); }));
+  // The first recompute chunk ran; the next step is A's decode, then the second chunk.
+  REQUIRE(p.step_until([&] { return p.d.engine.order.back() == 'd'; }));
+  REQUIRE(p.d.core.begin_step(p.d.now));
+  REQUIRE(p.d.engine.order.back() == 'p');
+  CHECK(p.d.cancel(3).empty());  // computing: it ends with the step
+  p.d.core.finish_step(p.d.now);
+  const auto f = only_finish(p.d.core.out().take(), 3);
+  CHECK(f.reason == msg::finish_reason::cancelled);
+  p.run_rest();
+  CHECK(p.d.pool_full());
+  CHECK(p.d.core.pool().double_frees() == 0);
+}
+
+
+namespace {
+/// The tiny random Llama checkpoint of test_cpu_engine (2 layers, hidden 64, 2 KV heads, the
+/// real vocabulary), written once per process into a directory removed at exit.
+std::shared_ptr<const duet::model_weights> tiny_cpu_weights() {
+  struct checkpoint {
+    std::filesystem::path dir =
+        std::filesystem::temp_directory_path() / ("duet-cores-tiny-" + std::to_string(::getpid()));
+    std::shared_ptr<const duet::model_weights> weights;
+    checkpoint() {
+      std::filesystem::remove_all(dir);
+      std::filesystem::create_directories(dir);
+      duet::random_checkpoint_params p;
+      p.arch = "llama";
+      p.size = "tiny";
+      p.seed = 1;
+      p.norm_stddev = 0.1;
+      (void)duet::write_random_checkpoint(dir, p);
+      weights = std::make_shared<const duet::model_weights>(duet::load_hf_model(dir));
+    }
+    ~checkpoint() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  };
+  static const checkpoint c;
+  return c.weights;
+}
+
+duet::cpu_engine tiny_cpu_engine(uint32_t kv_blocks) {
+  duet::cpu_engine_params p;
+  p.served_name = "tiny-llama";
+  p.kv_blocks = kv_blocks;
+  p.block_tokens = 16;
+  p.max_context = 1024;
+  p.threads = 1;  // the test machine's cores are shared
+  return duet::cpu_engine(tiny_cpu_weights(), p);
+}
+
+/// One request for a CPU decode worker: prompt, sampling and the first token prefill sampled.
+struct cpu_request {
+  std::vector<int32_t> prompt;
+  msg::sampling_params sampling;
+  int32_t first_token = 0;
+};
+
+/// A decode worker on the CPU engine whose pulls are served by prefilling the prompt into the
+/// pulled blocks of its own pool (what a same-pool move leaves there), then stepped to the end.
+struct cpu_decode_run {
+  duet::cpu_engine engine;
+  duet::decode_core core;
+  std::vector<outgoing> sent;
+  std::map<uint64_t, cpu_request> requests;  // by seq (handle id = seq)
+  std::size_t peak_batch = 0;
+
+  cpu_decode_run(uint32_t kv_blocks, duet::kv_allocation mode)
+      : engine(tiny_cpu_engine(kv_blocks)), core(decode_addr, settings(kv_blocks, mode), engine) {}
+  static duet::decode_settings settings(uint32_t kv_blocks, duet::kv_allocation mode) {
+    auto s = decode_fixture::settings_with(kv_blocks, 64, mode);
+    s.chunk_tokens = 32;
+    return s;
+  }
+  void adopt(uint64_t seq, const cpu_request& r) {
+    requests[seq] = r;
+    msg::kv_adopt m;
+    m.seq_id = seq;
+    m.handle_id = seq;
+    m.layout_hash = engine.info().layout_hash;
+    m.client = client_a;
+    m.request_id = 100 + seq;
+    m.first_token = r.first_token;
+    m.sampling = r.sampling;
+    m.prompt = r.prompt;
+    core.on_adopt(from(router_addr), m, t0);
+    drain();
+  }
+  /// Collects the outbox; serves every kv_pull (it may be answered by more messages).
+  void drain() {
+    for (bool more = true; more;) {
+      more = false;
+      for (auto& item : core.out().take()) {
+        const std::vector<outgoing> one{item};
+        sent.push_back(std::move(item));
+        for (const auto& pull : messages_of<msg::kv_pull>(one)) {
+          const auto& prompt = requests.at(pull.body.handle_id).prompt;
+          // The handle's blocks are the first blocks_for(prompt) of the longer pulled list.
+          duet::prefill_chunk c;
+          c.seq_id = 1000 + pull.body.handle_id;  // the prefill worker's own sequence
+          c.tokens = prompt;
+          c.blocks = pull.body.block_ids;
+          (void)engine.prefill(std::span(&c, 1));
+          core.on_moved(msg::kv_moved_failure(pull.body.handle_id, msg::kv_path::none, msg::error_code::none, ""), t0);
+          more = true;
+        }
+      }
+    }
+  }
+  void run() {
+    while (core.begin_step(t0)) {
+      peak_batch = std::max(peak_batch, core.stepping_batch());
+      core.finish_step(t0);
+      drain();
+    }
+  }
+  [[nodiscard]] uint64_t counter(const std::string& name) const {
+    const auto c = core.counters();
+    return c.contains(name) ? c.at(name) : 0;
+  }
+};
+
+/// Eight requests of 40-90-token prompts, 48 tokens each: half greedy, half seeded sampling.
+std::vector<cpu_request> cpu_requests() {
+  auto scratch = tiny_cpu_engine(64);
+  std::vector<cpu_request> out;
+  for (uint32_t i = 0; i < 8; ++i) {
+    cpu_request r;
+    r.prompt = prompt_of(40 + 7 * i, 50 + i);
+    r.sampling.max_new_tokens = 48;
+    r.sampling.ignore_eos = true;
+    if (i % 2 == 1) {
+      r.sampling.temperature = 0.8f;
+      r.sampling.top_k = 40;
+      r.sampling.seed = 1234 + i;
+      r.sampling.has_seed = true;
+    }
+    std::vector<uint32_t> blocks(8);
+    std::iota(blocks.begin(), blocks.end(), 0u);
+    duet::prefill_chunk c;
+    c.seq_id = i + 1;
+    c.tokens = r.prompt;
+    c.blocks = blocks;
+    c.last = true;
+    c.sampling = &r.sampling;
+    r.first_token = scratch.prefill(std::span(&c, 1)).tokens.at(0);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+cpu_decode_run& run_cpu_requests(cpu_decode_run& w, const std::vector<cpu_request>& requests) {
+  for (std::size_t i = 0; i < requests.size(); ++i) w.adopt(i + 1, requests[i]);
+  w.run();
+  return w;
+}
+}  // namespace
+
+TEST_CASE("on the CPU engine a pool too small for every sequence at full length batches more on demand than reserved, preempts, and returns the unpreempted tokens") {
+  const auto requests = cpu_requests();
+  // At full length (prompt + 47 positions) the eight need 8 x 6-9 = 58 blocks; the pool has 24.
+  cpu_decode_run reference(256, duet::kv_allocation::on_demand);
+  cpu_decode_run on_demand(24, duet::kv_allocation::on_demand);
+  cpu_decode_run reserve(24, duet::kv_allocation::reserve);
+  for (auto* w : {&reference, &on_demand, &reserve}) (void)run_cpu_requests(*w, requests);
+  MESSAGE("peak decode batch: on_demand " << on_demand.peak_batch << ", reserve " << reserve.peak_batch
+                                          << ", reference " << reference.peak_batch << "; preemptions "
+                                          << on_demand.counter("preemptions") << ", recomputed tokens "
+                                          << on_demand.counter("recomputed_tokens"));
+  CHECK(reference.peak_batch == 8);
+  CHECK(reference.counter("preemptions") == 0);
+  CHECK(reserve.peak_batch == 3);  // 6-9 blocks each reserved: three fit in 24
+  CHECK(on_demand.peak_batch >= 5);  // 3-6 blocks each at adoption
+  CHECK(on_demand.peak_batch > reserve.peak_batch);
+  CHECK(on_demand.counter("preemptions") > 0);
+  CHECK(on_demand.counter("resumed") == on_demand.counter("preemptions"));
+  CHECK(on_demand.counter("recomputed_tokens") > 0);
+  CHECK(reserve.counter("preemptions") == 0);
+  for (uint64_t seq = 1; seq <= requests.size(); ++seq) {
+    CAPTURE(seq);
+    const auto expected = stream_of(reference.sent, 100 + seq).first;
+    REQUIRE(expected.size() == 47);  // the first of the 48 came from prefill
+    for (auto* w : {&on_demand, &reserve}) {
+      const auto f = only_finish(messages_of_seq(w->sent, seq), seq);
+      CHECK(f.reason == msg::finish_reason::length);
+      CHECK(f.completion_tokens == 48);
+      CHECK(stream_of(w->sent, 100 + seq).first == expected);
+    }
+  }
+  for (auto* w : {&reference, &on_demand, &reserve}) {
+    CHECK(w->core.pool().free_blocks() == w->core.pool().total_blocks());
+    CHECK(w->core.pool().double_frees() == 0);
+    CHECK(w->core.load().queued + w->core.load().running == 0);
+  }
 }
 
 TEST_SUITE_END();
@@ -2153,6 +2525,7 @@ TEST_CASE("an adoption that waits for memory longer than the lease keeps one own
   o.decode.renew_every_ms = 1000;
   o.decode.transfer_timeout_ms = 8000;  // waits longer than lease + grace
   o.decode.kv_blocks = 24;
+  o.decode.allocation = duet::kv_allocation::reserve;  // so the second adoption must wait
   o.steps_per_tick = 1;
   cluster c(o);
   c.submit(1, prompt_of(50, 1), with_max_new(300));  // 349 tokens: 22 of the 24 decode blocks
@@ -2273,7 +2646,10 @@ void run_chaos(uint64_t seed, bool stream = false) {
   o.max_context = 2048;
   o.prefill.kv_blocks = 256;
   o.prefill.chunk_tokens = 512;
-  o.decode.kv_blocks = 192;
+  // 64 blocks: the longest sequence (600 + 47 positions, 41 blocks) fits alone, but the
+  // concurrent ones outgrow the pool, so on_demand preempts and recomputes amid the chaos.
+  o.decode.kv_blocks = 64;
+  o.decode.chunk_tokens = 128;
   o.decode.max_batch = 16;
   o.decode.renew_every_ms = o.broker.lease_ms / 3;  // as actors/roles.cpp
   o.router.request_timeout_ms = 20000;
@@ -2377,6 +2753,15 @@ void run_chaos(uint64_t seed, bool stream = false) {
   CHECK(outcomes["timeout"] > 0);
   CHECK(outcomes["rejected_bad_request"] > 0);
   CHECK(outcomes["rejected_prompt_too_long"] > 0);
+  uint64_t preemptions = 0, resumed = 0;
+  for (std::size_t i = 0; i < c.decode_count(); ++i) {
+    const auto counters = c.decode(i).counters();
+    preemptions += counters.contains("preemptions") ? counters.at("preemptions") : 0;
+    resumed += counters.contains("resumed") ? counters.at("resumed") : 0;
+  }
+  MESSAGE("decode preemptions " << preemptions << ", resumed " << resumed);
+  CHECK(preemptions > 5);
+  CHECK(resumed > 0);
   if (stream) {
     CHECK(c.broker().counters().at("transfers_tcp") > 500);
     for (std::size_t i = 0; i < c.decode_count(); ++i) {

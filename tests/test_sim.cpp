@@ -98,7 +98,8 @@ trace_request request_at(double t, uint32_t in, uint32_t out) {
 
 /// Two GPUs of `gpu`, one prefill worker and one decode worker with explicit pools.
 sim_deployment one_p_one_d(const std::string& gpu, uint32_t prefill_blocks = 4096,
-                           uint32_t decode_blocks = 4096) {
+                           uint32_t decode_blocks = 4096,
+                           kv_allocation allocation = kv_allocation::on_demand) {
   sim_deployment d;
   d.name = "1P1D";
   d.gpus = {{gpu, 0}, {gpu, 0}};
@@ -112,6 +113,7 @@ sim_deployment one_p_one_d(const std::string& gpu, uint32_t prefill_blocks = 409
   dw.role = actor_role::decode;
   dw.gpu = 1;
   dw.kv_blocks = decode_blocks;
+  dw.kv_allocation = allocation;
   d.workers = {p, dw};
   return d;
 }
@@ -520,14 +522,16 @@ TEST_CASE("the same trace and deployment give the same records and byte-identica
 }
 
 TEST_CASE(
-    "a full decode KV pool makes adopted sequences wait for memory, in arrival order, and all "
-    "finish") {
+    "with reserve, a full decode KV pool makes adopted sequences wait for memory, in arrival "
+    "order, and all finish") {
   const auto config = default_config();
   std::vector<trace_request> trace;
   for (int i = 0; i < 4; ++i) trace.push_back(request_at(0.001 * i, 100, 100));
   // prompt 100 + 99 generated positions = 199 tokens = 13 blocks: a 16-block pool holds one.
-  const auto small = run_simulation(config, one_p_one_d("h200", 4096, 16), trace);
-  const auto large = run_simulation(config, one_p_one_d("h200", 4096, 4096), trace);
+  const auto small =
+      run_simulation(config, one_p_one_d("h200", 4096, 16, kv_allocation::reserve), trace);
+  const auto large =
+      run_simulation(config, one_p_one_d("h200", 4096, 4096, kv_allocation::reserve), trace);
   for (const auto& r : small.records) REQUIRE(r.succeeded());
   CHECK(small.counters.at("decode.adopted") == 4);
   CHECK_FALSE(small.counters.contains("decode.memory_timeouts"));
@@ -550,6 +554,48 @@ TEST_CASE(
   CHECK(most_waiting >= 2);
   CHECK(small.counters.at("decode.double_frees") == 0);
   CHECK(small.counters.at("prefill.double_frees") == 0);
+}
+
+TEST_CASE(
+    "a memory-bound decode pool runs a larger batch on demand than reserved, and the simulator "
+    "reports its preemptions and what recomputing them cost") {
+  const auto config = default_config();
+  std::vector<trace_request> trace;
+  for (int i = 0; i < 12; ++i) trace.push_back(request_at(0.001 * i, 100, 100));
+  // Full length 199 tokens = 13 blocks: reserve fits four in 52 blocks; on demand admits at
+  // 101 tokens (7 blocks) while a block stays free: seven, which then outgrow the pool.
+  const auto on_demand =
+      run_simulation(config, one_p_one_d("h200", 4096, 52, kv_allocation::on_demand), trace);
+  const auto reserve =
+      run_simulation(config, one_p_one_d("h200", 4096, 52, kv_allocation::reserve), trace);
+  for (const auto* r : {&on_demand, &reserve}) {
+    for (const auto& rec : r->records) {
+      REQUIRE(rec.succeeded());
+      CHECK(rec.output_tokens == 100);
+    }
+    CHECK(r->counters.at("decode.double_frees") == 0);
+  }
+  const auto peak_on_demand = on_demand.counters.at("sim.peak_decode_batch");
+  const auto peak_reserve = reserve.counters.at("sim.peak_decode_batch");
+  const auto preemptions = on_demand.counters.at("decode.preemptions");
+  MESSAGE("peak decode batch: on_demand " << peak_on_demand << ", reserve " << peak_reserve
+                                          << "; preemptions " << preemptions << ", recomputed "
+                                          << on_demand.counters.at("decode.recomputed_tokens")
+                                          << " tokens");
+  CHECK(peak_reserve == 4);
+  CHECK(peak_on_demand == 7);
+  CHECK(preemptions > 0);
+  CHECK(on_demand.counters.at("decode.resumed") == preemptions);
+  CHECK(on_demand.counters.at("decode.recomputed_tokens") > 100 * preemptions);
+  CHECK(on_demand.counters.at("decode.recompute_steps") > 0);
+  CHECK_FALSE(reserve.counters.contains("decode.preemptions"));
+  // The series the report plots: preemptions so far, ending at the counter.
+  const auto series = std::find_if(on_demand.series.begin(), on_demand.series.end(),
+                                   [](const time_series& s) { return s.name == "decode preemptions"; });
+  REQUIRE(series != on_demand.series.end());
+  REQUIRE_FALSE(series->values.empty());
+  CHECK(*std::max_element(series->values.begin(), series->values.end()) > 0);
+  CHECK(series->values.back() <= double(preemptions));
 }
 
 TEST_CASE(
