@@ -727,6 +727,7 @@ __device__ __forceinline__ void decode_finish(const decode_attention_params& p, 
 
 __global__ void __launch_bounds__(dc_threads) decode_kernel(decode_attention_params p) {
   dev::pdl_wait();
+  dev::pdl_launch_dependents();
   extern __shared__ __align__(128) uint16_t smem[];
   const int b = blockIdx.z, kv_head = blockIdx.y, split = blockIdx.x;
   const int group = p.heads / p.kv_heads;
@@ -800,6 +801,7 @@ constexpr int dc2_smem =
 
 __global__ void __launch_bounds__(dc_threads) decode_kernel_v2(decode_attention_params p) {
   dev::pdl_wait();
+  dev::pdl_launch_dependents();
   extern __shared__ __align__(128) uint16_t smem[];
   const int b = blockIdx.z, kv_head = blockIdx.y, split = blockIdx.x;
   const int group = p.heads / p.kv_heads;

@@ -8,6 +8,7 @@ namespace {
 
 __global__ void embedding_kernel(embedding_params p) {
   dev::pdl_wait();
+  dev::pdl_launch_dependents();
   const uint32_t row = blockIdx.x;
   const int32_t id = p.ids[row];
   const bool valid = id >= 0 && static_cast<uint32_t>(id) < p.vocab;

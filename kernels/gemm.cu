@@ -42,7 +42,6 @@ __device__ __forceinline__ void x_chunk(const gemm_params& p, int r, uint32_t c,
 
 template <int max_m, bool swiglu>
 __global__ void __launch_bounds__(sk_threads) skinny_kernel(gemm_params p) {
-  dev::pdl_wait();
   __shared__ float red[sk_threads / 32][sk_rows][max_m];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const uint32_t n0 = blockIdx.x * sk_rows;
@@ -53,10 +52,9 @@ __global__ void __launch_bounds__(sk_threads) skinny_kernel(gemm_params p) {
     wrow[j] =
         reinterpret_cast<const uint4*>(p.w + static_cast<uint64_t>(min(n0 + j, p.n - 1)) * p.k);
   }
-  float acc[sk_rows][max_m] = {};
   const uint32_t chunks = p.k / 8;
-  for (uint32_t base = tid; base < chunks; base += sk_threads * sk_unroll) {
-    uint4 wv[sk_unroll][sk_rows];
+  uint4 wv[sk_unroll][sk_rows];
+  auto load_w = [&](uint32_t base) {
 #pragma unroll
     for (int u = 0; u < sk_unroll; ++u) {
       const uint32_t c = base + u * sk_threads;
@@ -64,6 +62,15 @@ __global__ void __launch_bounds__(sk_threads) skinny_kernel(gemm_params p) {
       for (int j = 0; j < sk_rows; ++j)
         wv[u][j] = c < chunks ? __ldcs(wrow[j] + c) : make_uint4(0, 0, 0, 0);
     }
+  };
+  // Weights that no earlier kernel writes stream in before the wait for the previous kernel.
+  if (p.w_static) load_w(tid);
+  dev::pdl_wait();
+  dev::pdl_launch_dependents();
+  if (!p.w_static) load_w(tid);
+  float acc[sk_rows][max_m] = {};
+  for (uint32_t base = tid; base < chunks; base += sk_threads * sk_unroll) {
+    if (base != static_cast<uint32_t>(tid)) load_w(base);
 #pragma unroll
     for (int u = 0; u < sk_unroll; ++u) {
       const uint32_t c = base + u * sk_threads;

@@ -31,6 +31,10 @@ struct gemm_params {
   bool y_fp32 = false;
   bool x_swiglu =
       false;  // skinny path only: x[r][i] = bf16(bf16(silu(gate[r][i])) * up[r][i]); best at m = 1
+  // w is never written by kernels queued earlier on the stream (model weights): the skinny path
+  // then loads its first weight chunks before waiting for the previous kernel (PDL), so a GEMV's
+  // weight stream starts while the kernel before it finishes.
+  bool w_static = false;
 };
 
 enum class gemm_path : uint8_t { automatic, cublaslt, skinny };

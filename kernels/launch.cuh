@@ -18,6 +18,15 @@ __device__ __forceinline__ void pdl_wait() {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
+/// Lets the next kernel of the stream (launched with PDL) be scheduled now instead of when this
+/// grid's blocks exit: its blocks run what precedes their pdl_wait() (the skinny GEMM's weight
+/// loads) while this grid finishes. Correctness never depends on it: pdl_wait() still waits for
+/// this whole grid and its writes.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" :::);
+#endif
+}
 }  // namespace dev
 
 template <class... Params, class... Args>

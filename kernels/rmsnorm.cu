@@ -11,6 +11,7 @@ constexpr int threads = 256;
 // One CTA per row; the row's (summed) values stay in shared memory between the two passes.
 __global__ void __launch_bounds__(threads) rmsnorm_kernel(rmsnorm_params p) {
   dev::pdl_wait();
+  dev::pdl_launch_dependents();
   extern __shared__ float row_values[];
   __shared__ float partial[threads / 32];
   const uint64_t base = static_cast<uint64_t>(blockIdx.x) * p.hidden;

@@ -10,6 +10,7 @@ namespace {
 // V heads are copied in 16-byte chunks.
 __global__ void rope_kernel(rope_params p) {
   dev::pdl_wait();
+  dev::pdl_launch_dependents();
   const uint32_t row = blockIdx.x;
   const uint32_t half = p.head_dim / 2;
   int32_t pos = p.positions[row];

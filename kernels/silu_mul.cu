@@ -8,6 +8,7 @@ namespace {
 
 __global__ void silu_mul_kernel(silu_mul_params p) {
   dev::pdl_wait();
+  dev::pdl_launch_dependents();
   const uint32_t row = blockIdx.y;
   const uint32_t c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= p.ffn / 8) return;

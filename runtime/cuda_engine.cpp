@@ -871,6 +871,7 @@ void cuda_engine::forward(const pass& ps, void* stream) {
     const cuda_weights::layer& L = w.layers[l];
     kcheck(k::add_rmsnorm({x, l == 0 ? nullptr : delta, L.input_norm, h, rows, hidden, eps}, s));
     k::gemm_params g{h, hidden, L.qkv, L.qkv_bias, qkv, qkv_dim, rows, qkv_dim, hidden};
+    g.w_static = true;
     kcheck(b.gemm.run(g, s));
     k::rope_params rp;
     rp.x = qkv;
@@ -927,17 +928,23 @@ void cuda_engine::forward(const pass& ps, void* stream) {
       ap.variant = attention_variant_;
       kcheck(k::prefill_attention(ap, s));
     }
-    kcheck(b.gemm.run({attn, qd, L.o, L.o_bias, delta, hidden, rows, hidden, qd}, s));
+    k::gemm_params o{attn, qd, L.o, L.o_bias, delta, hidden, rows, hidden, qd};
+    o.w_static = true;
+    kcheck(b.gemm.run(o, s));
     kcheck(k::add_rmsnorm({x, delta, L.post_norm, h, rows, hidden, eps}, s));
-    kcheck(b.gemm.run({h, hidden, L.gate_up, nullptr, gu, 2 * ffn, rows, 2 * ffn, hidden}, s));
+    k::gemm_params gate_up{h, hidden, L.gate_up, nullptr, gu, 2 * ffn, rows, 2 * ffn, hidden};
+    gate_up.w_static = true;
+    kcheck(b.gemm.run(gate_up, s));
     if (fused_swiglu) {
       k::gemm_params down{gu, 2 * ffn, L.down, nullptr, delta, hidden, rows, hidden, ffn};
       down.x_swiglu = true;
+      down.w_static = true;
       kcheck(b.gemm.run(down, s));
     } else {
       kcheck(k::silu_mul({gu, b.act.as<uint16_t>(), rows, ffn}, s));
-      kcheck(b.gemm.run(
-          {b.act.as<uint16_t>(), ffn, L.down, nullptr, delta, hidden, rows, hidden, ffn}, s));
+      k::gemm_params down{b.act.as<uint16_t>(), ffn, L.down, nullptr, delta, hidden, rows, hidden, ffn};
+      down.w_static = true;
+      kcheck(b.gemm.run(down, s));
     }
   }
   kcheck(k::add_rmsnorm({x, delta, w.final_norm, h, rows, hidden, eps}, s));
@@ -952,6 +959,7 @@ void cuda_engine::forward(const pass& ps, void* stream) {
   k::gemm_params head{head_in,      hidden,   w.lm_head,    nullptr, b.logits.ptr,
                       c.vocab_size, out_rows, c.vocab_size, hidden};
   head.y_fp32 = true;
+  head.w_static = true;
   kcheck(b.gemm.run(head, s));
   k::sample_params sp;
   sp.logits = b.logits.as<float>();

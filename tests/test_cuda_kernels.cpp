@@ -269,6 +269,46 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "the skinny gemm that loads its weights before the PDL wait reads the input the kernel "
+    "before it wrote on the stream") {
+  DUET_REQUIRE_GPU();
+  std::mt19937 rng(11);
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  gemm_runner runner;
+  ok(runner.init());
+  for (const uint32_t k : {4096u, 14336u}) {
+    const uint32_t n = 6144, vocab = 64;
+    const auto table = random_bf16(uint64_t{vocab} * k, rng, 1.0f);
+    const auto w = random_bf16(uint64_t{n} * k, rng, 0.05f);
+    const std::vector<int32_t> id = {37};
+    dbuf<uint16_t> dtable(table), dw(w), dx(k), dy(n);
+    dbuf<int32_t> did(id);
+    for (const bool w_static : {true, false}) {
+      dx.poison();
+      dy.poison();
+      check(cudaDeviceSynchronize(), "sync");
+      // x = table[37], written by the kernel just before the GEMV on the same stream.
+      ok(embedding_gather({dtable.get(), did.get(), dx.get(), 1, k, vocab}, stream));
+      gemm_params g{dx.get(), k, dw.get(), nullptr, dy.get(), n, 1, n, k};
+      g.w_static = w_static;
+      ok(runner.run(g, stream, gemm_path::skinny));
+      check(cudaStreamSynchronize(stream), "sync");
+      std::vector<uint16_t> x(table.begin() + uint64_t{37} * k, table.begin() + uint64_t{38} * k);
+      std::vector<uint16_t> ref(n);
+      gemm_params r = g;
+      r.x = x.data();
+      r.w = w.data();
+      r.y = ref.data();
+      gemm_reference(r);
+      INFO("k " << k << " w_static " << w_static);
+      expect(compare_bf16(dy.download(), ref), 1e-2, "gemm after a writer");
+    }
+  }
+  check(cudaStreamDestroy(stream), "stream");
+}
+
 namespace {
 
 struct paged_setup {
