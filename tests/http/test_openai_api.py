@@ -536,14 +536,15 @@ endpoint = "inproc://duet-http-solo-{port}"
         s.stop()
 
 
-def test_node_without_workers_answers_503_and_health_503(tmp_path):
-    port = free_port()
-    config = tmp_path / "split.toml"
-    config.write_text(head_toml() + f"""
+def front_and_workers_toml(tmp_path, http=""):
+    """Two nodes over ipc://: `front` (router, broker, and HTTP when `http` names host:port) and
+    `workers` (prefill0, decode0)."""
+    http_line = f'http = "{http}"\n' if http else ""
+    return head_toml() + f"""
 [[nodes]]
 name = "front"
 endpoint = "ipc://{tmp_path}/front.sock"
-
+{http_line}
 [[nodes.actors]]
 name = "router"
 role = "router"
@@ -563,7 +564,13 @@ role = "prefill"
 [[nodes.actors]]
 name = "decode0"
 role = "decode"
-""")
+"""
+
+
+def test_node_without_workers_answers_503_and_health_503(tmp_path):
+    port = free_port()
+    config = tmp_path / "split.toml"
+    config.write_text(front_and_workers_toml(tmp_path))
     # Only the router's node runs: no worker is alive.
     s = Server(["node", "--config", str(config), "--name", "front", "--http", f"127.0.0.1:{port}",
                 "--api-key", API_KEY], port, tmp_path / "duet.log")
@@ -586,32 +593,7 @@ def test_workers_on_another_node_stream_through_the_front_nodes_http(tmp_path):
     worker's tokens reach the HTTP client through the front node, streamed or not."""
     port = free_port()
     config = tmp_path / "two-nodes.toml"
-    config.write_text(head_toml() + f"""
-[[nodes]]
-name = "front"
-endpoint = "ipc://{tmp_path}/front.sock"
-http = "127.0.0.1:{port}"
-
-[[nodes.actors]]
-name = "router"
-role = "router"
-
-[[nodes.actors]]
-name = "broker"
-role = "broker"
-
-[[nodes]]
-name = "workers"
-endpoint = "ipc://{tmp_path}/workers.sock"
-
-[[nodes.actors]]
-name = "prefill0"
-role = "prefill"
-
-[[nodes.actors]]
-name = "decode0"
-role = "decode"
-""")
+    config.write_text(front_and_workers_toml(tmp_path, http=f"127.0.0.1:{port}"))
     s = Server(["up", "--config", str(config), "--api-key", API_KEY], port, tmp_path / "duet.log")
     try:
         s.wait_healthy()
