@@ -22,7 +22,9 @@ for toml in docs/data/h200-serve/*.toml; do
     code-*) w="code 180 60 0.7" ;;
   esac
   set -- $w
-  "$DUET" sim --config "$toml" --trace "$TRACES/AzureLLMInferenceTrace_$1_2023.csv" --start "$2" \
+  # The runs predate on-demand KV: their decode workers reserved prompt + max_tokens up front.
+  sed 's/^role = "decode"$/role = "decode"\nkv_allocation = "reserve"/' "$toml" >"$OUT/$name.toml"
+  "$DUET" sim --config "$OUT/$name.toml" --trace "$TRACES/AzureLLMInferenceTrace_$1_2023.csv" --start "$2" \
     --duration "$3" --rate-scale "$4" --slo ttft=2s,tpot=50ms --calibration "$CAL" \
     --out "$OUT/$name" >"$OUT/$name.log"
 done
