@@ -829,10 +829,8 @@ uint32_t cuda_engine::bucket_of(uint32_t rows) const {
 }
 
 uint32_t cuda_engine::splits_for(uint32_t rows) const {
-  // About one full wave of CTAs (three fit on an SM), whatever the batch.
-  const uint32_t ctas = rows * weights_->config.num_key_value_heads;
-  const uint32_t want = (3u * static_cast<uint32_t>(sm_count_) + ctas - 1) / ctas;
-  return std::clamp(want, 1u, k::decode_attention_max_splits);
+  return k::decode_attention_splits(rows, weights_->config.num_key_value_heads,
+                                    static_cast<uint32_t>(sm_count_));
 }
 
 void cuda_engine::upload(const pass& ps) {

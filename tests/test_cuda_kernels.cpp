@@ -422,6 +422,28 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("decode_attention_splits fills the SMs' waves within four, with the fewest splits that do") {
+  // Host-only: runs without a GPU. 3 CTAs per SM; the 8B shape's 8 KV heads.
+  for (const uint32_t sms : {132u, 96u, 64u, 36u}) {
+    for (uint32_t batch = 1; batch <= 512; ++batch) {
+      const uint32_t s = decode_attention_splits(batch, 8, sms);
+      const double waves = double(batch) * 8 * s / (3.0 * sms);
+      INFO("SMs " << sms << " batch " << batch << " splits " << s);
+      CHECK(s >= 1);
+      CHECK(s <= decode_attention_max_splits);
+      CHECK(waves >= 0.9);  // the GPU is never left idle for want of CTAs
+      CHECK(waves <= std::max(4.0, double(batch) * 8 / (3.0 * sms)));  // nor split past 4 waves
+      if (double(batch) * 8 >= 4 * 3.0 * sms) CHECK(s == 1);  // enough waves: no partials
+    }
+  }
+  // The H200's 132 SMs: batch 64 took one split (1.29 waves, the last 0.29 full) and now three;
+  // batch 256 (5.2 waves) keeps one.
+  CHECK(decode_attention_splits(64, 8, 132) == 3);
+  CHECK(decode_attention_splits(8, 8, 132) == 6);
+  CHECK(decode_attention_splits(256, 8, 132) == 1);
+  CHECK(decode_attention_splits(1, 8, 132) == 48);
+}
+
 TEST_CASE(
     "decode_attention matches softmax attention over paged KV with and without split-K, and is "
     "deterministic") {
