@@ -130,6 +130,21 @@ TEST_CASE("the two-node example puts prefill on n1 and two decode actors on n2 o
   CHECK(n2->actors[1].sm_share == doctest::Approx(0.5));
 }
 
+TEST_CASE("the single-GPU example puts CUDA prefill and decode actors on device 0 with pools sized from memory") {
+  auto config = duet::load_config(source_dir / "config/single-gpu.toml");
+  CHECK(config.engine.kind == "cuda");
+  REQUIRE(config.nodes.size() == 1);
+  CHECK(actor_names(config.nodes[0]) == std::vector<std::string>{"router", "broker", "prefill0", "decode0"});
+  const auto& prefill = config.nodes[0].actors[2];
+  const auto& decode = config.nodes[0].actors[3];
+  CHECK(prefill.device == 0);
+  CHECK(decode.device == 0);
+  CHECK(prefill.chunk_tokens == 2048);
+  CHECK(prefill.kv_memory_fraction == doctest::Approx(0.15));
+  CHECK(decode.kv_memory_fraction == doctest::Approx(0.8));
+  CHECK(config.nodes[0].http == "127.0.0.1:8080");
+}
+
 TEST_CASE("the tcp example binds two nodes on 127.0.0.1 ports 5601 and 5602") {
   auto config = duet::load_config(source_dir / "config/tcp-sim.toml");
   REQUIRE(config.nodes.size() == 2);
