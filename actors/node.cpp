@@ -19,6 +19,7 @@ node::node(caf::actor_system& system, const deployment_config& config, const std
   settings.queue_limit = config.transport.queue_limit;
   settings.max_frame_bytes = config.transport.max_frame_bytes;
   settings.compat_hash = compat_hash(config);
+  settings.hello_interval_ms = config.transport.heartbeat_ms;
   // Engines first: a model that cannot load stops the node before it takes traffic.
   std::map<std::string, std::shared_ptr<engine>> engines;
   for (const auto& a : self->actors) {

@@ -39,6 +39,7 @@ void reply_stats(transport& net, outbox& box, const msg::envelope& env, std::str
   reply.counters["transport_received"] = c.received;
   reply.counters["transport_unroutable"] = c.unroutable;
   reply.counters["transport_refused_incompatible"] = c.refused_incompatible;
+  reply.counters["transport_incompatible_hellos"] = c.incompatible_hellos;
   reply.counters["transport_dropped"] = c.dropped_queue_full + c.dropped_peer_busy;
   reply.counters["transport_fault_dropped"] = c.fault_dropped;
   reply.counters["transport_fault_delayed"] = c.fault_delayed;

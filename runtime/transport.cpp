@@ -302,6 +302,7 @@ void transport::run() {
     }
     if (items[0].revents & ZMQ_POLLIN) receive(router);
     drain_outbound(router);
+    send_hellos_if_due();
     if (!faults_.empty()) next_delayed_ms = release_delayed(router);
   }
   peer_sockets_.clear();
@@ -343,8 +344,7 @@ void transport::receive(zmq::socket_t& router) {
         ++counters_.malformed;
         continue;
       }
-      peer_compatible_[src.node] = hello->protocol == msg::protocol_version && hello->compat_hash == settings_.compat_hash;
-      if (!peer_compatible_[src.node]) ++counters_.refused_incompatible;
+      on_hello(src.node, *hello);
       continue;
     }
     if (from_peer) {
@@ -393,6 +393,11 @@ zmq::socket_t& transport::peer_socket(const std::string& node, const std::string
   socket.connect(endpoint);
   auto& placed = peer_sockets_.emplace(node, std::move(socket)).first->second;
   // hello goes first on every new connection, so the peer can refuse a mismatch.
+  send_hello(placed, node);
+  return placed;
+}
+
+void transport::send_hello(zmq::socket_t& socket, const std::string& node) {
   msg::envelope env;
   env.src = settings_.node + "/transport";
   env.dst = node + "/transport";
@@ -400,8 +405,31 @@ zmq::socket_t& transport::peer_socket(const std::string& node, const std::string
                                            static_cast<int64_t>(::getpid())});
   std::vector<zmq::const_buffer> parts;
   for (const auto& f : hello) parts.emplace_back(f.data(), f.size());
-  [[maybe_unused]] auto sent = zmq::send_multipart(placed, parts, zmq::send_flags::dontwait);
-  return placed;
+  [[maybe_unused]] auto sent = zmq::send_multipart(socket, parts, zmq::send_flags::dontwait);
+}
+
+void transport::on_hello(const std::string& node, const msg::hello& hello) {
+  const bool compatible = hello.protocol == msg::protocol_version && hello.compat_hash == settings_.compat_hash;
+  peer_compatible_[node] = compatible;
+  if (!compatible) {
+    ++counters_.refused_incompatible;
+    ++counters_.incompatible_hellos;
+  }
+  // A new process behind a known name: our DEALER reconnected to it without a word, so it has
+  // not checked us yet.
+  auto [it, first] = peer_pid_.try_emplace(node, hello.pid);
+  if (!first && it->second != hello.pid) {
+    it->second = hello.pid;
+    if (auto socket = peer_sockets_.find(node); socket != peer_sockets_.end()) send_hello(socket->second, node);
+  }
+}
+
+void transport::send_hellos_if_due() {
+  if (settings_.hello_interval_ms == 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_hellos_) return;
+  next_hellos_ = now + std::chrono::milliseconds(settings_.hello_interval_ms);
+  for (auto& [node, socket] : peer_sockets_) send_hello(socket, node);
 }
 
 void transport::drain_outbound(zmq::socket_t& router) {

@@ -51,6 +51,10 @@ struct transport_settings {
   uint32_t queue_limit = 65536;              // outbound messages waiting for the thread
   uint32_t max_frame_bytes = 64u << 20;
   uint64_t compat_hash = 0;                  // sent in hello; mismatching peers are refused
+  /// hello goes first on every connection, again every this many ms, and at once to a peer whose
+  /// own hello shows a new process: a peer that restarts behind a ZeroMQ reconnect (which sends
+  /// nothing itself) still checks us. 0: only first.
+  uint32_t hello_interval_ms = 1000;
   int send_hwm = 100000;
   /// Testing aid: parse_transport_faults text applied to every send; "" reads
   /// $DUET_TRANSPORT_FAULT once, at construction. Off (no faults) by default.
@@ -65,6 +69,7 @@ struct transport_counters {
   std::atomic<uint64_t> malformed{0};
   std::atomic<uint64_t> unroutable{0};
   std::atomic<uint64_t> refused_incompatible{0};
+  std::atomic<uint64_t> incompatible_hellos{0};  // hellos whose protocol or compat_hash differ
   std::atomic<uint64_t> dropped_queue_full{0};
   std::atomic<uint64_t> dropped_peer_busy{0};
   std::atomic<uint64_t> fault_dropped{0};  // injected faults (transport_settings::faults)
@@ -108,6 +113,10 @@ class transport {
   void receive(zmq::socket_t& router);
   void route(zmq::socket_t& router, outgoing& message);
   zmq::socket_t& peer_socket(const std::string& node, const std::string& endpoint);
+  void send_hello(zmq::socket_t& socket, const std::string& node);
+  /// A hello from `node`: marks it (in)compatible; a new process there gets our hello back.
+  void on_hello(const std::string& node, const msg::hello& hello);
+  void send_hellos_if_due();
   void deliver_local(msg::frames&& frames);
   /// Applies the injected faults to one message: true when it was dropped or held back.
   bool inject_fault(outgoing& message, bool local);
@@ -140,6 +149,8 @@ class transport {
   // Owned by the transport thread:
   std::map<std::string, zmq::socket_t> peer_sockets_;
   std::map<std::string, bool> peer_compatible_;
+  std::map<std::string, int64_t> peer_pid_;  // the process id of each peer's last hello
+  std::chrono::steady_clock::time_point next_hellos_{};
 };
 
 }  // namespace duet

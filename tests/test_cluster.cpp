@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <random>
+#include <optional>
 #include <thread>
 
 #include <zmq.hpp>
@@ -341,6 +342,37 @@ TEST_CASE("garbage sent to a node's socket is counted and dropped while the node
   CHECK(stats[0].counters["transport_malformed"] >= static_cast<uint64_t>(garbage * 2 / 3 - 5));
   CHECK(n1.running());
   CHECK(n2.running());
+}
+
+TEST_CASE("a node that restarts with another model is checked again by the node that kept running") {
+  const std::string ep1 = "ipc:///tmp/" + unique("duet-r1") + ".sock";
+  const std::string ep2 = "ipc:///tmp/" + unique("duet-r2") + ".sock";
+  testing::temp_file a(unique("duet-restart-a") + ".toml", two_node_toml(ep1, ep2, "model-a"));
+  testing::temp_file b(unique("duet-restart-b") + ".toml", two_node_toml(ep1, ep2, "model-b"));
+  testing::child_process n1({testing::duet_binary(), "node", "--config", a.path.string(), "--name", "n1"});
+  std::optional<testing::child_process> n2;
+  n2.emplace(std::vector<std::string>{testing::duet_binary(), "node", "--config", a.path.string(), "--name", "n2"});
+  client c(ep1, "n1/router");
+  REQUIRE(wait_ready(c, "n1/router", 10s));
+  msg::submit s;
+  s.request_id = 1;
+  s.prompt_tokens = {1, 2, 3};
+  s.sampling.max_new_tokens = 4;
+  REQUIRE(c.generate(s, 10s).finish.has_value());  // n1's DEALER to n2 is connected and in use
+  // n2 comes back with another model: n1's DEALER reconnects to it without a word, and n2's
+  // new DEALER to n1 says hello first, so n1 refuses n2 at once...
+  n2.reset();
+  n2.emplace(std::vector<std::string>{testing::duet_binary(), "node", "--config", b.path.string(), "--name", "n2"});
+  std::this_thread::sleep_for(1500ms);  // three heartbeats of 500 ms
+  auto n1_stats = c.stats({"n1/router"}, 2s);
+  REQUIRE(n1_stats.size() == 1);
+  CHECK(n1_stats[0].counters["transport_incompatible_hellos"] > 0);
+  // ...and n2 must have had n1's hello again too (answered at once on its new pid, and
+  // repeated every heartbeat), or it would take n1's messages unchecked.
+  client direct(ep2, "n2/decode0");
+  auto n2_stats = direct.stats({"n2/decode0"}, 2s);
+  REQUIRE(n2_stats.size() == 1);
+  CHECK(n2_stats[0].counters["transport_incompatible_hellos"] > 0);
 }
 
 TEST_CASE("nodes with different models refuse each other's messages") {
