@@ -14,6 +14,7 @@
 
 #include "runtime/clock.hpp"
 #include "runtime/config.hpp"
+#include "runtime/engine_bench.hpp"
 #include "runtime/gpu_catalog.hpp"
 #include "runtime/http_frontend.hpp"
 #include "sim/deployment_spec.hpp"
@@ -87,6 +88,12 @@ struct sim_commands::state {
   std::vector<std::string> sim_deployments;
   double time_limit_s = 0, wait_s = 60, temperature = 0;
   uint32_t prompt_vocab = 30000, max_context = 0;
+  // bench engine
+  CLI::App* engine_bench = nullptr;
+  std::string engine_kind = "cpu", dtype = "bf16", json_out;
+  uint32_t threads = 0, chunk_tokens = 2048;
+  int device = 0;
+  engine_bench_options rows;
 };
 
 namespace {
@@ -371,6 +378,68 @@ serve_target resolve_target(const sim_commands::state& s, const deployment_confi
   return t;
 }
 
+/// The engine `duet bench engine` measures: the model at --model on one actor sized for every row.
+std::unique_ptr<engine> bench_engine_for(const sim_commands::state& s) {
+  if (s.engine_kind == "sim") {
+    throw std::invalid_argument("the sim engine computes nothing to time; `duet sim` models it");
+  }
+  deployment_config config;
+  config.source = "duet bench engine";
+  config.model.path = s.model;
+  config.model.name = std::filesystem::path(s.model).filename().string();
+  config.model.dtype = s.dtype;
+  uint32_t longest = 0;
+  for (uint32_t t : s.rows.prefill_tokens) longest = std::max(longest, t);
+  for (uint32_t c : s.rows.contexts) longest = std::max(longest, c + s.rows.warmup + s.rows.steps + 1);
+  config.model.max_context = std::max<uint32_t>(longest, 16);
+  config.engine.kind = s.engine_kind;
+  config.engine.threads = s.threads;
+  actor_config actor;
+  actor.name = "bench";
+  actor.role = actor_role::decode;
+  actor.device = s.device;
+  actor.kv_blocks = engine_bench_blocks(s.rows, config.model.block_tokens);
+  actor.max_batch = 1;
+  for (uint32_t b : s.rows.batches) actor.max_batch = std::max(actor.max_batch, b);
+  actor.chunk_tokens = s.chunk_tokens;
+  return make_engine(config, actor);
+}
+
+int run_bench_engine(const sim_commands::state& s) {
+  if (s.rows.prefill_tokens.empty() && (s.rows.batches.empty() || s.rows.contexts.empty())) {
+    throw std::invalid_argument("nothing to measure: give --prefill and/or --batch with --context");
+  }
+  if (!std::filesystem::exists(s.model)) throw std::invalid_argument("no model at '" + s.model + "'");
+  const bool tty = terminal();
+  if (tty) std::fprintf(stderr, "loading %s on the %s engine...\n", s.model.c_str(), s.engine_kind.c_str());
+  auto engine = bench_engine_for(s);
+  const auto progress = [tty](const std::string& line) {
+    if (tty) std::fprintf(stderr, "  %s...\n", line.c_str());
+  };
+  const auto rows = run_engine_bench(*engine, s.rows, progress);
+  std::printf("%s engine, %s: %u prefill repeats, %u decode steps per row (median, p10-p90 of each call)\n",
+              s.engine_kind.c_str(), s.model.c_str(), s.rows.prefill_repeats, s.rows.steps);
+  std::printf("%-8s %6s %8s %12s %22s %14s\n", "", "batch", "tokens", "ms", "p10 - p90 ms", "tokens/s");
+  nlohmann::json out = nlohmann::json::array();
+  bool agree = true;
+  for (const auto& r : rows) {
+    std::printf("%-8s %6u %8u %12.3f %10.3f - %9.3f %14.1f%s\n", r.kind.c_str(), r.batch, r.tokens, r.ms_median,
+                r.ms_p10, r.ms_p90, r.tokens_per_s, r.sequences_agree ? "" : "  (sequences disagree)");
+    agree = agree && r.sequences_agree;
+    out.push_back(to_json(r));
+  }
+  if (!s.json_out.empty()) {
+    std::ofstream f(s.json_out);
+    f << nlohmann::json{{"engine", s.engine_kind}, {"model", s.model}, {"rows", out}}.dump(2) << "\n";
+    if (!f) throw std::runtime_error("cannot write " + s.json_out);
+  }
+  if (!agree) {
+    std::fprintf(stderr, "duet bench engine: identical sequences decoded differently in one batch\n");
+    return 1;
+  }
+  return 0;
+}
+
 int run_bench_serve(const sim_commands::state& s) {
   std::optional<deployment_config> loaded;
   if (!s.config_path.empty()) loaded = load_config(s.config_path);
@@ -568,18 +637,42 @@ sim_commands::sim_commands(CLI::App& app) : state_(std::make_unique<state>()) {
   serve->add_option("--hop-us", s.hop_us, "simulated message latency between actors, microseconds")
       ->check(CLI::NonNegativeNumber);
   serve->add_option("--title", s.title, "report title");
+
+  s.engine_bench = s.bench->add_subcommand(
+      "engine", "time one engine's prefill and decode steps on a model (cpu or cuda)");
+  auto* eb = s.engine_bench;
+  eb->add_option("--model", s.model, "checkpoint directory or .gguf file")->required();
+  eb->add_option("--engine", s.engine_kind, "cpu or cuda")->default_val("cpu");
+  eb->add_option("--dtype", s.dtype, "model.dtype (cpu GGUF: f32 for the fp32 path)")->default_val("bf16");
+  eb->add_option("--threads", s.threads, "cpu: worker threads (0: every core)");
+  eb->add_option("--device", s.device, "cuda: GPU ordinal")->check(CLI::NonNegativeNumber);
+  eb->add_option("--chunk-tokens", s.chunk_tokens, "prompt tokens per prefill pass")->check(CLI::Range(16u, 1u << 20));
+  eb->add_option("--prefill", s.rows.prefill_tokens, "prompt lengths, comma separated (one sequence each)")
+      ->delimiter(',');
+  eb->add_option("--batch", s.rows.batches, "decode batch sizes, comma separated")->delimiter(',');
+  eb->add_option("--context", s.rows.contexts, "decode context lengths, comma separated")->delimiter(',');
+  eb->add_option("--steps", s.rows.steps, "timed decode steps per row")->check(CLI::Range(1u, 100000u));
+  eb->add_option("--warmup", s.rows.warmup, "untimed decode steps first");
+  eb->add_option("--repeats", s.rows.prefill_repeats, "timed prefills per length")->check(CLI::Range(1u, 1000u));
+  eb->add_option("--seed", s.rows.seed, "prompt token ids");
+  eb->add_option("--json", s.json_out, "write the rows as JSON here");
 }
 
 sim_commands::~sim_commands() = default;
 
 bool sim_commands::selected() const {
-  return state_->sim->parsed() || state_->plan->parsed() || state_->serve->parsed();
+  return state_->sim->parsed() || state_->plan->parsed() || state_->serve->parsed() ||
+         state_->engine_bench->parsed();
 }
 
 int sim_commands::run() {
-  const char* command = state_->sim->parsed() ? "sim" : state_->plan->parsed() ? "plan" : "bench serve";
+  const char* command = state_->sim->parsed()            ? "sim"
+                        : state_->plan->parsed()           ? "plan"
+                        : state_->engine_bench->parsed()   ? "bench engine"
+                                                           : "bench serve";
   try {
     if (state_->serve->parsed()) return run_bench_serve(*state_);
+    if (state_->engine_bench->parsed()) return run_bench_engine(*state_);
     return state_->sim->parsed() ? run_sim(*state_) : run_plan(*state_);
   } catch (const config_error& e) {
     std::fprintf(stderr, "%s\n", e.what());

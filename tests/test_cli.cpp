@@ -503,3 +503,52 @@ TEST_CASE(
   CHECK(w.out == joined(qwen.encode("hi", false)) + "\n");
   CHECK(w.err.find("padding") != std::string::npos);
 }
+
+// ------------------------------------------------------------------ duet bench engine
+
+TEST_CASE("duet bench engine times prefill and decode rows on the cpu engine and refuses bad rows") {
+  temp_dir dir;
+  const fs::path model = dir.path / "tiny";
+  REQUIRE(run_duet({"model", "random", "--preset", "tiny-llama", "--out", model.string()}).code == 0);
+  const fs::path json_file = dir.path / "bench.json";
+  const auto r = run_duet({"bench", "engine", "--model", model.string(), "--prefill", "48,96", "--batch", "1,3",
+                           "--context", "40", "--steps", "4", "--warmup", "1", "--repeats", "2", "--json",
+                           json_file.string()});
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  CHECK(r.err.empty());  // no terminal: no progress lines
+  CHECK(r.out.find("prefill") != std::string::npos);
+  std::ifstream in(json_file);
+  const auto j = nlohmann::json::parse(in);
+  CHECK(j["engine"] == "cpu");
+  const auto& rows = j["rows"];
+  REQUIRE(rows.size() == 4);  // the two prompt lengths, then each batch at the context
+  const std::vector<std::pair<std::string, uint32_t>> want = {{"prefill", 48}, {"prefill", 96}, {"decode", 40},
+                                                              {"decode", 40}};
+  const std::vector<uint32_t> batches = {1, 1, 1, 3};
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto& row = rows[i];
+    INFO("row " << i);
+    CHECK(row["kind"] == want[i].first);
+    CHECK(row["tokens"] == want[i].second);
+    CHECK(row["batch"] == batches[i]);
+    const double ms = row["ms_median"];
+    CHECK(ms > 0);
+    CHECK(row["ms_p10"].get<double>() <= ms);
+    CHECK(ms <= row["ms_p90"].get<double>());
+    // Throughput is the row's own work over its median call.
+    const double work = want[i].first == "prefill" ? want[i].second : batches[i];
+    CHECK(row["tokens_per_s"].get<double>() == doctest::Approx(work / ms * 1e3).epsilon(1e-9));
+    // The batch's sequences share one context (copied blocks): greedy decoding agrees.
+    if (want[i].first == "decode") CHECK(row["sequences_agree"] == true);
+  }
+  // Bad rows and engines are refused with a reason, exit 2.
+  const auto zero = run_duet({"bench", "engine", "--model", model.string(), "--prefill", "8", "--batch", "0"});
+  CHECK(zero.code == 2);
+  CHECK(zero.err.find("batch") != std::string::npos);
+  const auto sim = run_duet({"bench", "engine", "--model", model.string(), "--engine", "sim"});
+  CHECK(sim.code == 2);
+  CHECK(sim.err.find("sim engine") != std::string::npos);
+  const auto missing = run_duet({"bench", "engine", "--model", (dir.path / "none").string()});
+  CHECK(missing.code == 2);
+  CHECK(missing.err.find("no model") != std::string::npos);
+}
