@@ -70,6 +70,18 @@ struct token_logprobs {
   friend bool operator==(const token_logprobs&, const token_logprobs&) = default;
 };
 
+/// msgpack-c 4.1 packs a float that equals 2^64 (what a uint64 near its maximum converts to)
+/// through an out-of-range cast to uint64_t (undefined behaviour, msgpack/v1/pack.hpp), so a
+/// decoded message holding one could not be encoded again. Float fields on the wire must stay
+/// below 2^63, far beyond any sampling setting or log-probability; decoding refuses the others.
+[[nodiscard]] inline bool wire_float_ok(float f) { return !(f >= 9.2233720e18f); }
+[[nodiscard]] inline bool wire_floats_ok(const std::vector<float>& fs) {
+  for (float f : fs) {
+    if (!wire_float_ok(f)) return false;
+  }
+  return true;
+}
+
 // ---------------------------------------------------------------- node to node
 
 /// First message on every new peer connection; peers refuse mismatched hashes.
@@ -486,3 +498,42 @@ using all_messages =
               kv_chunk_ack>;
 
 }  // namespace duet::msg
+
+namespace msgpack {
+MSGPACK_API_VERSION_NAMESPACE(MSGPACK_DEFAULT_API_NS) {
+namespace adaptor {
+// The messages with float fields decode as MSGPACK_DEFINE_MAP does, then refuse floats that
+// could not be encoded again (duet::msg::wire_float_ok): the decoder names the field.
+template <>
+struct convert<duet::msg::sampling_params> {
+  msgpack::object const& operator()(msgpack::object const& o, duet::msg::sampling_params& v) const {
+    v.msgpack_unpack(o);
+    for (float f : {v.temperature, v.top_p, v.min_p, v.presence_penalty, v.frequency_penalty, v.repetition_penalty}) {
+      if (!duet::msg::wire_float_ok(f)) throw msgpack::type_error();
+    }
+    return o;
+  }
+};
+template <>
+struct convert<duet::msg::token_logprobs> {
+  msgpack::object const& operator()(msgpack::object const& o, duet::msg::token_logprobs& v) const {
+    v.msgpack_unpack(o);
+    if (!duet::msg::wire_float_ok(v.logprob) || !duet::msg::wire_floats_ok(v.top_logprobs)) {
+      throw msgpack::type_error();
+    }
+    return o;
+  }
+};
+template <>
+struct convert<duet::msg::token_batch> {
+  msgpack::object const& operator()(msgpack::object const& o, duet::msg::token_batch& v) const {
+    v.msgpack_unpack(o);
+    if (!duet::msg::wire_floats_ok(v.logprobs) || !duet::msg::wire_floats_ok(v.top_logprobs)) {
+      throw msgpack::type_error();
+    }
+    return o;
+  }
+};
+}  // namespace adaptor
+}  // MSGPACK_API_VERSION_NAMESPACE(MSGPACK_DEFAULT_API_NS)
+}  // namespace msgpack

@@ -472,6 +472,21 @@ TEST_CASE("a field of the wrong msgpack type is refused, naming the field") {
     });
     check_refused(message(type_id::prefill_request, body, {""}), "field 'sampling'");
   }
+  SUBCASE("a float at 2^64 (which msgpack-c could not encode again) is out of range") {
+    // The largest uint64 converts to the float 2^64: packing that again is undefined behaviour
+    // in msgpack-c 4.1 (found by fuzz_decode), so the decoder refuses it.
+    const auto body = body_with("sampling", [](packer& p) {
+      p.pack_map(1);
+      p.pack("temperature").pack(std::numeric_limits<uint64_t>::max());
+    });
+    check_refused(message(type_id::submit, body, {""}), "submit body: field 'sampling'");
+    const auto logprobs = body_with("top_logprobs", [](packer& p) {
+      p.pack(std::vector<float>{-1.0f, 18446744073709551616.0f});
+    });
+    check_refused(message(type_id::token_batch, logprobs, {"", "", ""}), "token_batch body: field 'top_logprobs'");
+    CHECK(msg::wire_float_ok(9.0e18f));
+    CHECK_FALSE(msg::wire_float_ok(1.8446744e19f));
+  }
   SUBCASE("an array where a string is expected") {
     check_refused(message(type_id::kv_nack, body_with("reason", [](packer& p) { p.pack_array(0); })),
                   "kv_nack body: field 'reason'");
