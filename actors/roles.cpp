@@ -229,8 +229,7 @@ struct decode_role : worker_state<decode_core> {
     settings.broker = addrs.broker;
     settings.kv_blocks = context.actor->kv_blocks;
     settings.max_batch = context.actor->max_batch;
-    // validate_config admitted only known modes; on_demand stands for anything else.
-    settings.allocation = kv_allocation_from_string(context.actor->kv_allocation).value_or(kv_allocation::on_demand);
+    settings.allocation = kv_allocation_of(*context.actor);
     settings.chunk_tokens = context.actor->chunk_tokens;
     settings.transfer_timeout_ms = context.config->broker.transfer_timeout_ms;
     settings.renew_every_ms = std::max<uint32_t>(context.config->broker.lease_ms / 3, 1);

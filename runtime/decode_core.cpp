@@ -12,10 +12,6 @@ decode_core::decode_core(std::string self, decode_settings settings, engine& eng
       out_(std::move(self)),
       pool_(settings_.kv_blocks, engine.info().block_tokens) {}
 
-std::string_view to_string(kv_allocation mode) {
-  return mode == kv_allocation::reserve ? "reserve" : "on_demand";
-}
-
 std::optional<kv_allocation> kv_allocation_from_string(std::string_view text) {
   if (text == "on_demand") return kv_allocation::on_demand;
   if (text == "reserve") return kv_allocation::reserve;

@@ -27,9 +27,12 @@ enum class kv_allocation : uint8_t {
   /// pins memory the sequence may never use.
   reserve,
 };
-[[nodiscard]] std::string_view to_string(kv_allocation mode);
 /// "on_demand" | "reserve"; nullopt for anything else.
 [[nodiscard]] std::optional<kv_allocation> kv_allocation_from_string(std::string_view text);
+/// A decode actor's mode; validate_config admitted only known names, on_demand stands for the rest.
+[[nodiscard]] inline kv_allocation kv_allocation_of(const actor_config& actor) {
+  return kv_allocation_from_string(actor.kv_allocation).value_or(kv_allocation::on_demand);
+}
 
 struct decode_settings {
   std::string router;

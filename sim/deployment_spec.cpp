@@ -31,7 +31,7 @@ worker_defaults defaults_of(const deployment_config& config) {
       } else if (a.role == actor_role::decode && !decode_seen) {
         decode_seen = true;
         d.decode_batch = a.max_batch;
-        d.decode_allocation = kv_allocation_from_string(a.kv_allocation).value_or(kv_allocation::on_demand);
+        d.decode_allocation = kv_allocation_of(a);
       }
     }
   }
@@ -84,7 +84,7 @@ sim_deployment deployment_from_config(const deployment_config& config) {
       w.max_batch = a.max_batch;
       w.chunk_tokens = a.chunk_tokens;
       w.own_stream = a.stream != "shared";
-      w.kv_allocation = kv_allocation_from_string(a.kv_allocation).value_or(kv_allocation::on_demand);
+      w.kv_allocation = kv_allocation_of(a);
       d.workers.push_back(std::move(w));
     }
   }
