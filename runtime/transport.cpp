@@ -411,10 +411,8 @@ void transport::send_hello(zmq::socket_t& socket, const std::string& node) {
 void transport::on_hello(const std::string& node, const msg::hello& hello) {
   const bool compatible = hello.protocol == msg::protocol_version && hello.compat_hash == settings_.compat_hash;
   peer_compatible_[node] = compatible;
-  if (!compatible) {
-    ++counters_.refused_incompatible;
-    ++counters_.incompatible_hellos;
-  }
+  // Hellos are counted apart: they repeat every heartbeat, refused_incompatible counts messages.
+  if (!compatible) ++counters_.incompatible_hellos;
   // A new process behind a known name: our DEALER reconnected to it without a word, so it has
   // not checked us yet.
   auto [it, first] = peer_pid_.try_emplace(node, hello.pid);
