@@ -29,9 +29,6 @@ echo "=== pipeline ($(date +%T))"
 CKPT=/tmp/duet-pipe-ckpt
 # The 8B's attention shape (32 heads, 8 KV heads, head_dim 128) and vocabulary, two layers.
 "$BUILD/duet" model random --preset r1-distill-llama-8b --layers 2 --ffn 1024 --out "$CKPT" >/dev/null || exit 1
-prompt() {  # prompt N SEED: N token ids
-  python3 -c "import random,sys; r=random.Random($2); print(','.join(str(r.randrange(1000,120000)) for _ in range($1)))"
-}
 common() {
   cat <<EOF
 [model]

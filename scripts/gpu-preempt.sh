@@ -20,9 +20,6 @@ cmake --build "$BUILD" -j16 --target duet >"$OUT/build.log" 2>&1 || { grep -B2 -
 CKPT=/tmp/duet-preempt-ckpt
 # The 8B's attention shape (32 heads, 8 KV heads, head_dim 128) and vocabulary, two layers.
 "$BUILD/duet" model random --preset r1-distill-llama-8b --layers 2 --ffn 1024 --out "$CKPT" >/dev/null || exit 1
-prompt() {  # prompt N SEED: N token ids
-  python3 -c "import random; r=random.Random($2); print(','.join(str(r.randrange(1000,120000)) for _ in range($1)))"
-}
 run_mode() {  # run_mode ALLOCATION
   local mode=$1 cfg=/tmp/duet-preempt-$1.toml
   cat >"$cfg" <<EOF
