@@ -6,8 +6,9 @@
 #   GPU_SERVE_STAGES=build,ckpt,smoke scripts/gpu-serve.sh      first call: build, checkpoint, smoke runs
 #   GPU_SERVE_STAGES=one scripts/gpu-serve.sh                   one-GPU deployments, both traces
 #   GPU_SERVE_STAGES=handover,two scripts/gpu-serve.sh          two GPUs: KV between GPUs, 1P1D
+#   GPU_SERVE_STAGES=build,ckpt,fidelity scripts/gpu-serve.sh   one call, one GPU, ~8 minutes
 # Stages:
-#   build     duet and bench_kv_handover (Release, sm_90)
+#   build     duet, and bench_kv_handover with stage handover (Release, sm_90)
 #   ckpt      the random 8B checkpoint (16 GB, written once into $BUILD)
 #   smoke     20 s of the conversation trace on the colocated and an SM-split deployment
 #   one       per trace: colocated (prefill and decode engines on one shared stream), PD on
@@ -19,9 +20,21 @@
 #   long      conversation x3 for three minutes: colocated, PD streams, PD 50/50
 #   two       1P1D: prefill process on GPU 0, decode process on GPU 1 (KV over CUDA IPC), both
 #             traces at twice the one-GPU rate (the load two colocated GPUs would share)
+#   fidelity  one GPU, sized to end by $GPU_SERVE_DEADLINE s (default 540) after the script's
+#             start, build and ckpt included: conversation x3 (CONV's window, shortened only when
+#             time is short) on PD streams, replayed by bench serve (today's calibration,
+#             h200-cuda-engine-2026-12-01.toml, simulated beside) and then by locust
+#             (bench/locustfile.py, from wheels in .devwheels: scripts/fetch-wheels.sh), a second
+#             bench serve replay of it when time is left, then on colocated; every deployment is
+#             warmed up by 8 short requests first. Writes $OUT/serve.md (live vs simulated,
+#             locust vs bench serve), $OUT/fidelity.json and $OUT/fidelity.tar.gz (the run
+#             folders and logs: $OUT brings back 8 files at most), rewritten after every run.
 # Needs .devdeps/ (as scripts/gpu-handover.sh) and the traces in $DUET_TRACES (default .devdata:
-# copy ../shared/traces/AzureLLMInferenceTrace_{code,conv}_2023.csv there; they are not committed).
-# Results in $OUT/serve/NAME/ (summary.json, requests.csv, report.html) and $OUT/serve.md.
+# copy ../shared/traces/AzureLLMInferenceTrace_{code,conv}_2023.csv there; they are not committed);
+# stage fidelity also .devwheels/ (scripts/fetch-wheels.sh). Device call for it:
+#   carry [".devdeps", ".devdata", ".devwheels"], timeout_s 600
+# Results in $OUT/serve/NAME/ (summary.json, requests.csv, report.html) and $OUT/serve.md
+# (stage fidelity: packed, see above).
 set -u
 export OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT/serve"
@@ -32,6 +45,9 @@ CKPT=$PWD/$BUILD/r1-distill-llama-8b-random
 TRACES=${DUET_TRACES:-$PWD/.devdata}
 CAL=$PWD/config/calibration-duet/h200-cuda-engine.toml
 SLO=ttft=2s,tpot=50ms
+ENGINE=${GPU_SERVE_ENGINE:-cuda}  # sim: a dry run of the stages without a GPU (the sim engine at time_scale 1)
+MAX_CONTEXT=16384  # model.max_context of every deployment: bench serve clips to it, so locust must too
+RUNS=$OUT/serve    # run folders (stage fidelity: $FID_RUNS, packed into $OUT)
 # Trace windows (seconds of the trace) and rate scales: near the one-GPU engine's saturation
 # as the calibrated simulator predicts it (docs/benchmarks.md gives the reasoning).
 CONV="AzureLLMInferenceTrace_conv_2023.csv 0 180 3"
@@ -41,17 +57,49 @@ CONV_HIGH="AzureLLMInferenceTrace_conv_2023.csv 0 300 5"
 # Stage long: three minutes of replay (conversation 0-540 s at x3).
 CONV_LONG="AzureLLMInferenceTrace_conv_2023.csv 0 540 3"
 CODE_HIGH="AzureLLMInferenceTrace_code_2023.csv 180 60 1"
+# Stage fidelity: CONV's window on today's engine and calibration; all of it must end by DEADLINE.
+CONV_FID=${GPU_SERVE_FID_WINDOW:-$CONV}  # "TRACE START DURATION RATE"
+CAL_FID=$PWD/config/calibration-duet/h200-cuda-engine-2026-12-01.toml
+DEADLINE=${GPU_SERVE_DEADLINE:-540}
+FID_RUNS=/tmp/duet-fidelity/fidelity
+LOCUST_VENV=/tmp/duet-locust
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 source "$(dirname "$0")/gpu-env.sh"
 GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv,noheader || true
 echo "stages $STAGES; $GPUS GPU(s); $(nproc) cores"
 
+locust_install() {  # a venv holding locust, offline from .devwheels (scripts/fetch-wheels.sh)
+  local pin
+  pin=$(grep -E '^locust==' tests/requirements.txt) || return 1
+  export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
+  if python3 -m venv "$LOCUST_VENV" &&
+     timeout 120 "$LOCUST_VENV/bin/python" -m pip install -q --no-index --find-links .devwheels "$pin"; then
+    :
+  else  # no ensurepip in this Python: a venv without pip, and pip run from its wheel
+    echo "venv with pip failed; bootstrapping pip from .devwheels"
+    rm -rf "$LOCUST_VENV"
+    local wheel=(.devwheels/pip-*.whl)
+    python3 -m venv --without-pip "$LOCUST_VENV" &&
+      timeout 120 "$LOCUST_VENV/bin/python" "${wheel[0]}/pip" install -q --no-index --find-links .devwheels "$pin" ||
+      return 1
+  fi
+  "$LOCUST_VENV/bin/locust" --version
+}
+if has fidelity; then  # beside the build: pip needs no GPU and little CPU
+  rm -rf "${FID_RUNS%/*}" "$LOCUST_VENV"
+  mkdir -p "$FID_RUNS"
+  locust_install >"$FID_RUNS/pip.log" 2>&1 &
+  PIP_PID=$!
+fi
+
 if has build; then
   echo "=== build ($(date +%T))"
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDUET_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DDUET_BENCH=ON >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-  cmake --build "$BUILD" -j"$(nproc)" --target duet bench_kv_handover >"$OUT/build.log" 2>&1 ||
+  targets=(duet)
+  has handover && targets+=(bench_kv_handover)
+  cmake --build "$BUILD" -j"$(nproc)" --target "${targets[@]}" >"$OUT/build.log" 2>&1 ||
     { grep -B2 -A8 -E 'error|FAILED' "$OUT/build.log" | head -80; exit 1; }
   echo "--- built in ${SECONDS}s"
 fi
@@ -76,11 +124,11 @@ deploy() {  # deploy FILE SLOT KIND: the deployment TOML of one run
 [model]
 name = "r1-8b-random"
 path = "$CKPT"
-max_context = 16384
+max_context = $MAX_CONTEXT
 block_tokens = 16
 
 [engine]
-kind = "cuda"
+kind = "$ENGINE"
 gpu = "h200"
 
 [router]
@@ -123,27 +171,44 @@ $dec
 EOF
 }
 
+up_start() {  # up_start NAME SLOT KIND VISIBLE_GPUS: `duet up` of that deployment, in the background (pid in UP)
+  local name=$1 slot=$2 kind=$3 visible=$4
+  deploy "$RUNS/$name.toml" "$slot" "$kind" || return 1
+  CUDA_VISIBLE_DEVICES=$visible "$BUILD/duet" up --config "$RUNS/$name.toml" >"$RUNS/$name.up.log" 2>&1 &
+  UP=$! UP_KIND=$kind
+}
+
+up_stop() {  # up_stop NAME SLOT: SIGTERM to $UP, SIGKILL after 20 s (1p1d: its decode node's process too)
+  local name=$1 slot=$2
+  kill -TERM "$UP" 2>/dev/null
+  for _ in $(seq 100); do kill -0 "$UP" 2>/dev/null || break; sleep 0.2; done
+  kill -KILL "$UP" 2>/dev/null
+  [ "$UP_KIND" = 1p1d ] && pkill -KILL -f "duet-serve-d$slot" 2>/dev/null
+  wait "$UP" 2>/dev/null
+  grep -iE 'sm|green|stream|error|fail' "$RUNS/$name.up.log" | head -8
+}
+
+bench_serve() {  # bench_serve NAME SLOT CALIBRATION WAIT_S LIMIT_S TRACE START DURATION RATE: bench serve, simulator beside
+  local name=$1 slot=$2 cal=$3 wait=$4 limit=$5 trace=$6 start=$7 dur=$8 rate=$9 rc
+  timeout -k 10 $((limit + wait + ${BENCH_GRACE:-60})) "$BUILD/duet" bench serve --url "http://127.0.0.1:$((18080 + slot))" \
+    --trace "$TRACES/$trace" --start "$start" --duration "$dur" --rate-scale "$rate" --slo "$SLO" \
+    --wait "$wait" --time-limit "$limit" --name "$name" --config "$RUNS/$name.toml" --sim-deployment config \
+    --calibration "$cal" --title "$name: $trace from ${start}s, ${dur}s at rate x$rate" \
+    --out "$RUNS/$name" >"$RUNS/$name.bench.log" 2>&1
+  rc=$?
+  echo "--- $name: bench exit $rc ($(date +%T))"
+  return $rc
+}
+
 serve() {  # serve NAME SLOT KIND VISIBLE_GPUS TRACE START DURATION RATE
   local name=$1 slot=$2 kind=$3 visible=$4 trace=$5 start=$6 dur=$7 rate=$8
-  local cfg=$OUT/serve/$name.toml
-  deploy "$cfg" "$slot" "$kind" || return 1
-  CUDA_VISIBLE_DEVICES=$visible "$BUILD/duet" up --config "$cfg" >"$OUT/serve/$name.up.log" 2>&1 &
-  local up=$!
+  up_start "$name" "$slot" "$kind" "$visible" || return 1
   local span limit
   span=$(python3 -c "print(int($dur / $rate))")
   limit=$((span + 150))
-  timeout $((limit + 300)) "$BUILD/duet" bench serve --url "http://127.0.0.1:$((18080 + slot))" \
-    --trace "$TRACES/$trace" --start "$start" --duration "$dur" --rate-scale "$rate" --slo "$SLO" \
-    --wait 240 --time-limit "$limit" --name "$name" --config "$cfg" --sim-deployment config \
-    --calibration "$CAL" --title "$name: $trace from ${start}s, ${dur}s at rate x$rate" \
-    --out "$OUT/serve/$name" >"$OUT/serve/$name.bench.log" 2>&1
-  echo "--- $name: bench exit $? ($(date +%T))"
-  kill -TERM "$up" 2>/dev/null
-  for _ in $(seq 100); do kill -0 "$up" 2>/dev/null || break; sleep 0.2; done
-  kill -KILL "$up" 2>/dev/null; pkill -KILL -f "duet-serve-d$slot" 2>/dev/null
-  wait "$up" 2>/dev/null
-  grep -iE 'sm|green|stream|error|fail' "$OUT/serve/$name.up.log" | head -8
-  sed -n '/completed/,/E2E P99/p' "$OUT/serve/$name.bench.log"
+  bench_serve "$name" "$slot" "$CAL" 240 "$limit" "$trace" "$start" "$dur" "$rate"
+  up_stop "$name" "$slot"
+  sed -n '/completed/,/E2E P99/p' "$RUNS/$name.bench.log"
 }
 
 if has smoke; then
@@ -206,6 +271,214 @@ if has long; then
   serve conv3long-pd-green50 0 green:0.5 0 $CONV_LONG
 fi
 
+locust_replay() {  # locust_replay NAME SLOT LIMIT_S TRACE START DURATION RATE: bench/locustfile.py, the same requests
+  local name=$1 slot=$2 limit=$3 trace=$4 start=$5 dur=$6 rate=$7 rc
+  mkdir -p "$RUNS/$name"
+  DUET_TRACE=$TRACES/$trace DUET_START=$start DUET_DURATION=$dur DUET_RATE_SCALE=$rate \
+  DUET_MAX_CONTEXT=$MAX_CONTEXT DUET_REQUEST_TIMEOUT=$limit DUET_WAIT=30 \
+  DUET_LOCUST_OUT=$RUNS/$name/locust.json PYTHONUNBUFFERED=1 \
+    timeout -k 10 $((limit + 40)) "$LOCUST_VENV/bin/locust" -f bench/locustfile.py --headless \
+      --host "http://127.0.0.1:$((18080 + slot))" -u 512 -r 512 --run-time "${limit}s" --only-summary \
+      --loglevel WARNING --csv "$RUNS/$name/locust" >"$RUNS/$name.locust.log" 2>&1
+  rc=$?
+  echo "--- $name: locust exit $rc ($(date +%T))"
+  grep -E '^(TTFT|TPOT|E2E) ' "$RUNS/$name.locust.log" | head -6
+  grep -iE 'late|error|Traceback' "$RUNS/$name.locust.log" | head -5
+  return $rc
+}
+
+warm_up() {  # warm_up NAME SLOT WAIT_S: wait for the deployment, then 8 short requests (first-use costs out of the replay)
+  local name=$1 slot=$2 wait=$3 rc w t0=$SECONDS
+  "$BUILD/duet" bench serve --url "http://127.0.0.1:$((18080 + slot))" \
+    --trace synthetic:poisson:rate=8,count=8,in=1024,out=16,seed=1 --wait "$wait" --time-limit 15 \
+    --name "$name-warmup" --out "$RUNS/$name-warmup" >"$RUNS/$name-warmup.log" 2>&1 &
+  w=$!
+  # Bounded here, not by timeout(1): bench serve sits out SIGTERM while it waits for the deployment.
+  # A deployment that exits (a CUDA error, say) ends the wait at once.
+  while kill -0 "$w" 2>/dev/null; do
+    if ! kill -0 "$UP" 2>/dev/null; then
+      echo "--- $name: duet up exited"; tail -5 "$RUNS/$name.up.log"; kill -KILL "$w" 2>/dev/null; break
+    elif [ $((SECONDS - t0)) -gt $((wait + 20)) ]; then
+      echo "--- $name: warm-up not done after $((wait + 20)) s"; kill -KILL "$w" 2>/dev/null; break
+    fi
+    sleep 1
+  done
+  wait "$w"; rc=$?
+  if [ "$rc" = 0 ]; then echo "--- $name: up and warmed up after $((SECONDS - UP_T0)) s"
+  else echo "--- $name: not ready after $((SECONDS - UP_T0)) s (warm-up exit $rc; $name-warmup.log): its runs skipped"; fi
+  return $rc
+}
+
+fidelity_report() {  # $OUT/serve.md, $OUT/fidelity.json and $OUT/fidelity.tar.gz from $FID_RUNS, so far
+  python3 - "$FID_RUNS" "$OUT" docs/data/h200-serve "$FID_WINDOW" "${CAL_FID##*/}" <<'EOF'
+import json, pathlib, sys
+runs, out, old_dir = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
+window, calibration = sys.argv[4], sys.argv[5]
+
+def load(p):
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+def ms(s, k, q):
+    return s[k][q] * 1e3
+
+def diff(a, b):
+    return f"{(b - a) / a * 100:+.0f}%" if a else "n/a"
+
+lines = [f"# Fidelity on the H200: today's engine, the simulator with {calibration}",
+         "", f"Window: {window}. Live / simulated (simulated minus live, relative to live).", "",
+         "| run | done | TTFT P50 ms | TTFT P99 ms | ITL P50 ms | ITL P99 ms | TPOT P99 ms | goodput req/s |",
+         "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+report = {"window": window, "calibration": calibration, "runs": {}, "locust": None}
+for name in ("conv3-colocated", "conv3-pd-streams", "conv3-pd-streams-repeat"):
+    summary = load(runs / name / "summary.json")
+    if not summary:
+        continue
+    live = summary["runs"][0]["summary"]
+    sim = summary["runs"][1]["summary"] if len(summary["runs"]) > 1 else None
+    report["runs"][name] = {"live": live, "sim": sim}
+    def cell(k, q, fmt):
+        a = ms(live, k, q)
+        if not sim:
+            return f"{a:{fmt}}"
+        b = ms(sim, k, q)
+        return f"{a:{fmt}} / {b:{fmt}} ({diff(a, b)})"
+    good = f'{live["goodput_rps"]:.2f}' + (f' / {sim["goodput_rps"]:.2f}' if sim else "")
+    lines.append(f'| {name} | {live["completed"]}/{live["requests"]} | {cell("ttft_s", "p50", ".0f")} | '
+                 f'{cell("ttft_s", "p99", ".0f")} | {cell("itl_s", "p50", ".1f")} | {cell("itl_s", "p99", ".1f")} | '
+                 f'{cell("tpot_s", "p99", ".1f")} | {good} |')
+
+lines += ["", "The same deployments on 2026-11-29 (docs/data/h200-serve, engine of then, conversation 0-180 s x3, no warm-up), live:",
+          "", "| run | TTFT P50 / P99 ms | ITL P50 / P99 ms | TPOT P99 ms |", "| --- | --- | --- | --- |"]
+for old, new in (("conv-colocated", "conv3-colocated"), ("conv-pd-streams", "conv3-pd-streams")):
+    summary = load(old_dir / f"{old}.json")
+    if summary:
+        s = summary["runs"][0]["summary"]
+        lines.append(f'| {old} | {ms(s, "ttft_s", "p50"):.0f} / {ms(s, "ttft_s", "p99"):.0f} | '
+                     f'{ms(s, "itl_s", "p50"):.1f} / {ms(s, "itl_s", "p99"):.1f} | {ms(s, "tpot_s", "p99"):.1f} |')
+
+loc = load(runs / "conv3-pd-streams-locust" / "locust.json")
+bench = report["runs"].get("conv3-pd-streams")
+if loc and bench:
+    ls, bs = loc["summary"], bench["live"]
+    rep = report["runs"].get("conv3-pd-streams-repeat")
+    rs = rep["live"] if rep else None
+    def close(a, b, rel=0.15):
+        return abs(a - b) <= rel * max(abs(a), abs(b))
+    # tests/http/test_bench_serve.py's criterion: P99 E2E, P99 TPOT and P50 TPOT within 15%.
+    agree = {ref: all(close(ls[m][q], s[m][q]) for m, q in (("e2e_s", "p99"), ("tpot_s", "p99"), ("tpot_s", "p50")))
+             for ref, s in (("bench_serve", bs), ("bench_serve_repeat", rs)) if s}
+    report["locust"] = {"summary": ls, "late": loc.get("late"), "max_in_flight": loc.get("max_in_flight"),
+                        "users": loc.get("users"), "agree_within_15pct": agree}
+    lines += ["", "Locust (bench/locustfile.py) against bench serve on the conv3-pd-streams deployment, the same "
+              "window and requests, one after the other on the same server:", "",
+              "| ms | bench serve | locust (diff) |" + (" bench serve again |" if rs else ""),
+              "| --- | --- | --- |" + (" --- |" if rs else "")]
+    for m, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E")):
+        for q in ("p50", "p99"):
+            a, b = ms(bs, m, q), ms(ls, m, q)
+            row = f"| {label} {q.upper()} | {a:.1f} | {b:.1f} ({diff(a, b)}) |"
+            if rs:
+                row += f" {ms(rs, m, q):.1f} |"
+            lines.append(row)
+    late = loc.get("late") or {}
+    lines += ["", f'Completed: bench serve {bs["completed"]}/{bs["requests"]}, locust {ls["completed"]}/{ls["requests"]} '
+              f'(outcomes {ls["outcomes"]}); locust late requests {late.get("requests")} '
+              f'({late.get("all_users_busy")} with every user busy, max {1e3 * (late.get("max_late_s") or 0):.0f} ms), '
+              f'{loc.get("max_in_flight")} in flight at most.',
+              "Locust within 15% of bench serve on P99 E2E, P99 TPOT and P50 TPOT (tests/http/test_bench_serve.py): " +
+              ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in agree.items())]
+elif (runs / "conv3-pd-streams-locust.locust.log").exists():
+    lines += ["", "Locust: ran, but wrote no locust.json (see conv3-pd-streams-locust.locust.log in fidelity.tar.gz)."]
+(out / "fidelity.json").write_text(json.dumps(report, indent=1) + "\n")
+(runs / "fidelity.md").write_text("\n".join(lines) + "\n")
+(out / "serve.md").write_text("\n".join(lines) + "\n")
+EOF
+  tar -czf "$OUT/fidelity.tar.gz.tmp" -C "${FID_RUNS%/*}" "${FID_RUNS##*/}" && mv "$OUT/fidelity.tar.gz.tmp" "$OUT/fidelity.tar.gz"
+  if [ "$(stat -c %s "$OUT/fidelity.tar.gz")" -gt 15000000 ]; then  # $OUT brings back 16 MiB a file
+    tar -czf "$OUT/fidelity.tar.gz" -C "${FID_RUNS%/*}" --exclude='*.up.log' --exclude='report.html' "${FID_RUNS##*/}"
+  fi
+}
+
+if has fidelity; then
+  echo "=== fidelity: one GPU, conversation x3, today's engine and calibration ($(date +%T); at ${SECONDS} s of ${DEADLINE})"
+  RUNS=$FID_RUNS
+  read -r ftrace fstart fdur frate <<<"$CONV_FID"
+  # Three replays of one window (PD streams by bench serve, then by locust, colocated by bench
+  # serve) and two deployment starts must fit: a start ~STARTUP s (weights from the page cache,
+  # the warm-up), a replay its span plus ~DRAIN s (the last requests, the simulation, the report).
+  STARTUP=20 DRAIN=15 RESERVE=25 BENCH_GRACE=20
+  fspan=$(python3 -c "print(int($fdur / $frate))")
+  fit=$(( (DEADLINE - SECONDS - RESERVE - 2 * STARTUP - 3 * DRAIN) / 3 ))
+  if [ "$fit" -lt "$fspan" ]; then
+    fspan=$fit; fdur=$(python3 -c "print($fit * $frate)")
+    echo "short of time: the window shortened to $fdur s of the trace ($fspan s of replay)"
+  fi
+  FID_WINDOW="$ftrace from ${fstart} s, $fdur s at rate x$frate ($fspan s of replay)"
+  window=("$ftrace" "$fstart" "$fdur" "$frate")
+  one_run=$((STARTUP + fspan + DRAIN))
+  # limit_for LATER: a replay's time limit, leaving LATER seconds for the runs after it (0: too little left)
+  limit_for() { local l=$((DEADLINE - SECONDS - RESERVE - $1)); [ $l -gt $((fspan + 60)) ] && l=$((fspan + 60)); [ $l -ge $((fspan + 5)) ] && echo $l || echo 0; }
+  # wait_for LATER: how long a deployment may take to come up, leaving LATER seconds (at most 120, at least 5)
+  wait_for() { local w=$((DEADLINE - SECONDS - RESERVE - $1)); [ $w -gt 120 ] && w=120; [ $w -lt 5 ] && w=5; echo $w; }
+  fid_replay() {  # fid_replay NAME SLOT LATER: bench serve of the window (LATER as for limit_for), then the report
+    local lim
+    lim=$(limit_for "$3")
+    if [ "$lim" -gt 0 ]; then
+      bench_serve "$1" "$2" "$CAL_FID" 30 "$lim" "${window[@]}"
+      sed -n '/completed/,/E2E P99/p' "$RUNS/$1.bench.log"
+      fidelity_report
+    else
+      echo "--- out of time: $1 skipped"
+    fi
+  }
+  if [ "$fspan" -lt 20 ]; then
+    echo "fidelity: only ${fspan} s of replay would fit before ${DEADLINE} s: skipped"
+  elif [ ! -x "$BUILD/duet" ] || [ ! -f "$CKPT/config.json" ]; then
+    echo "fidelity: no $BUILD/duet or $CKPT (stages build,ckpt): skipped"
+  else
+    UP_T0=$SECONDS
+    up_start conv3-pd-streams 1 streams 0
+    # Priority when time is short: this replay, then locust's, then colocated, then the repeat.
+    if warm_up conv3-pd-streams 1 "$(wait_for $((2 * (fspan + DRAIN))))"; then
+      fid_replay conv3-pd-streams 1 $((fspan + DRAIN))
+      for _ in $(seq 30); do kill -0 "$PIP_PID" 2>/dev/null || break; sleep 1; done
+      if kill -0 "$PIP_PID" 2>/dev/null; then pip_rc=timeout; else wait "$PIP_PID"; pip_rc=$?; fi
+      tail -3 "$RUNS/pip.log"
+      lim=$(limit_for 0)
+      if [ "$pip_rc" != 0 ]; then
+        echo "--- locust did not install (pip.log in fidelity.tar.gz): locust skipped"
+      elif [ "$lim" -gt 0 ]; then
+        locust_replay conv3-pd-streams-locust 1 "$lim" "${window[@]}"
+        fidelity_report
+      else
+        echo "--- out of time: locust skipped"
+      fi
+      # A second bench serve replay (client noise against locust), only when colocated still fits after it.
+      if [ "$(limit_for $((fspan + DRAIN + one_run)))" -gt 0 ]; then
+        cp "$RUNS/conv3-pd-streams.toml" "$RUNS/conv3-pd-streams-repeat.toml"
+        fid_replay conv3-pd-streams-repeat 1 "$one_run"
+      fi
+    fi
+    up_stop conv3-pd-streams 1
+    lim=$(limit_for $STARTUP)
+    if [ "$lim" -gt 0 ]; then
+      UP_T0=$SECONDS
+      up_start conv3-colocated 0 colocated 0
+      if warm_up conv3-colocated 0 "$(wait_for $((fspan + DRAIN)))"; then
+        fid_replay conv3-colocated 0 0
+      fi
+      up_stop conv3-colocated 0
+    else
+      echo "--- out of time: colocated skipped"
+    fi
+  fi
+  fidelity_report
+  RUNS=$OUT/serve
+fi
+
 if has handover; then
   echo "=== KV between GPUs ($(date +%T))"
   if [ "$GPUS" -ge 2 ]; then
@@ -228,8 +501,8 @@ if has two; then
   fi
 fi
 
-# One table of every run so far: live figures and the simulator's beside them.
-python3 - "$OUT/serve" >"$OUT/serve.md" <<'EOF'
+# One table of every run so far: live figures and the simulator's beside them (and stage fidelity's tables).
+python3 - "$OUT/serve" >"$OUT/serve-runs.md" <<'EOF'
 import json, pathlib, sys
 root = pathlib.Path(sys.argv[1])
 print("| run | req | done | TTFT P50 / P99 ms | ITL P50 / P99 ms | P99/P50 ITL | TPOT P99 ms | goodput req/s | sim TTFT P50 / P99 | sim ITL P50 / P99 | sim goodput |")
@@ -249,5 +522,9 @@ for d in sorted(p for p in root.iterdir() if (p / "summary.json").exists()):
                 f'{s(sim,"itl_s","p50"):.1f} / {s(sim,"itl_s","p99"):.1f}', f'{sim["summary"]["goodput_rps"]:.2f}']
     print("| " + " | ".join(str(x) for x in row) + " |")
 EOF
-cat "$OUT/serve.md"
+if ls "$OUT"/serve/*/summary.json >/dev/null 2>&1; then
+  cat "$OUT/serve-runs.md" ${FID_WINDOW:+"$FID_RUNS/fidelity.md"} >"$OUT/serve.md"
+fi
+rm -f "$OUT/serve-runs.md"
+cat "$OUT/serve.md" 2>/dev/null
 echo "=== done in ${SECONDS}s ($(date +%T))"
