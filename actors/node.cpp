@@ -22,8 +22,11 @@ node::node(caf::actor_system& system, const deployment_config& config, const std
   settings.hello_interval_ms = config.transport.heartbeat_ms;
   // Engines first: a model that cannot load stops the node before it takes traffic.
   std::map<std::string, std::shared_ptr<engine>> engines;
+  const auto seats = plan_shared_kv_pools(config, *self);
   for (const auto& a : self->actors) {
-    if (a.role == actor_role::prefill || a.role == actor_role::decode) engines[a.name] = make_engine(config, a);
+    if (a.role != actor_role::prefill && a.role != actor_role::decode) continue;
+    const auto seat = seats.find(a.name);
+    engines[a.name] = make_engine(config, a, seat == seats.end() ? kv_pool_seat{} : seat->second);
   }
   net_ = std::make_unique<transport>(settings, [this](msg::envelope&& env, msg::frames&& frames) {
     const auto slash = env.dst.find('/');

@@ -141,7 +141,7 @@ duet_actor::behavior_type broker_behavior(duet_actor::stateful_pointer<broker_st
   broker_settings settings;
   settings.lease_ms = context.config->broker.lease_ms;
   settings.engine_kind = context.config->engine.kind;
-  settings.direct_paths = context.config->broker.transfer == "auto";
+  settings.direct_paths = context.config->broker.transfer != "stream";
   self->state.core = std::make_unique<broker_core>(context.address, settings);
   self->state.context = context;
   self->send(self, tick_atom::value);

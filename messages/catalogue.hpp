@@ -292,7 +292,8 @@ struct kv_pool_export {
   uint64_t base = 0;   // the pool's address in the exporting process
   uint64_t pool_bytes = 0;
   int32_t device = 0;  // CUDA ordinal of the pool
-  MSGPACK_DEFINE_MAP(path, host, pid, handle, base, pool_bytes, device);
+  uint64_t arena = 0;  // nonzero: the pool is shared with other workers of process `pid` (same_pool)
+  MSGPACK_DEFINE_MAP(path, host, pid, handle, base, pool_bytes, device, arena);
   friend bool operator==(const kv_pool_export&, const kv_pool_export&) = default;
 };
 
@@ -334,8 +335,10 @@ struct kv_pull {
   int32_t device = 0;
   std::string host;          // the adopter's host (boot id)
   kv_path can_import = kv_path::none;  // the kind of exported pool the adopter can read
+  int32_t pid = 0;                     // the adopter's process
+  uint64_t arena = 0;                  // the adopter's shared pool (kv_pool_export::arena), 0 none
   std::vector<uint32_t> block_ids;  // raw frame
-  MSGPACK_DEFINE_MAP(handle_id, layout_hash, device, host, can_import);
+  MSGPACK_DEFINE_MAP(handle_id, layout_hash, device, host, can_import, pid, arena);
   auto raw() { return std::tie(block_ids); }
   friend bool operator==(const kv_pull&, const kv_pull&) = default;
 };
@@ -350,7 +353,7 @@ struct kv_moved {
   error_code code = error_code::none;
   std::string message;
   kv_pool_export source;             // host_shm / cuda_ipc: the pool to copy from
-  std::vector<uint32_t> source_blocks;  // raw frame; host_shm / cuda_ipc: the handle's blocks there
+  std::vector<uint32_t> source_blocks;  // raw frame; host_shm / cuda_ipc / same_pool: the handle's blocks there
   MSGPACK_DEFINE_MAP(handle_id, path, bytes, code, message, source);
   auto raw() { return std::tie(source_blocks); }
   friend bool operator==(const kv_moved&, const kv_moved&) = default;

@@ -72,7 +72,7 @@ enum class error_code : uint16_t {
 /// KV transfer paths the broker can choose (DESIGN.md, "Request lifecycle" step 4).
 enum class kv_path : uint8_t {
   none = 0,       // no bytes move: sim engine, accounting only
-  same_pool = 1,  // ownership of blocks moves, no copy
+  same_pool = 1,  // one pool shared by both workers (same process, same device): ownership moves, no copy
   host_shm = 2,   // POSIX shared memory pools (cpu engine, other process)
   cuda_ipc = 3,   // cudaIpcMemHandle of the source pool, same host
   nccl = 4,       // NCCL send/recv between hosts with GPUs

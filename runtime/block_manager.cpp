@@ -4,30 +4,29 @@
 
 namespace duet {
 
+namespace {
+std::shared_ptr<kv_arena> own_arena(uint32_t total_blocks) {
+  const uint32_t blocks[] = {total_blocks};
+  return std::make_shared<kv_arena>(blocks);
+}
+}  // namespace
+
 block_manager::block_manager(uint32_t total_blocks, uint32_t block_tokens)
-    : block_tokens_(block_tokens), in_use_(total_blocks, 0) {
+    : block_manager(own_arena(total_blocks), 0, block_tokens) {}
+
+block_manager::block_manager(std::shared_ptr<kv_arena> arena, uint32_t member, uint32_t block_tokens)
+    : arena_(std::move(arena)), member_(member), block_tokens_(block_tokens) {
   if (block_tokens == 0) throw std::invalid_argument("block_tokens must be positive");
-  free_.reserve(total_blocks);
-  for (uint32_t id = total_blocks; id > 0; --id) free_.push_back(id - 1);
+  if (!arena_ || member_ >= arena_->members()) throw std::invalid_argument("block_manager: no such arena member");
+  total_ = arena_->member_blocks(member_);
 }
 
-std::vector<uint32_t> block_manager::allocate(uint32_t blocks) {
-  if (!can_allocate(blocks)) return {};
-  std::vector<uint32_t> out(free_.end() - blocks, free_.end());
-  free_.resize(free_.size() - blocks);
-  for (uint32_t id : out) in_use_[id] = 1;
-  return out;
-}
+void block_manager::free(std::span<const uint32_t> blocks) { double_frees_ += arena_->free(member_, blocks).invalid; }
 
-void block_manager::free(std::span<const uint32_t> blocks) {
-  for (uint32_t id : blocks) {
-    if (id >= in_use_.size() || !in_use_[id]) {
-      ++double_frees_;
-      continue;
-    }
-    in_use_[id] = 0;
-    free_.push_back(id);
-  }
+void block_manager::free_lent(std::span<const uint32_t> blocks, uint64_t handle) {
+  const auto r = arena_->free_lent(member_, blocks, handle);
+  double_frees_ += r.invalid;
+  moved_away_ += r.moved;
 }
 
 }  // namespace duet

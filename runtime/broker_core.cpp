@@ -39,6 +39,9 @@ msg::kv_path broker_core::choose_path(const entry& e, const std::string& adopter
   if (settings_.engine_kind == "sim") return msg::kv_path::none;
   const auto& pool = e.handle.pool;
   const bool same_host = !pool.host.empty() && pool.host == pull.host;
+  if (settings_.direct_paths && same_host && pool.arena != 0 && pool.arena == pull.arena && pool.pid == pull.pid) {
+    return msg::kv_path::same_pool;  // both workers' blocks are one pool's: ownership moves
+  }
   if (settings_.direct_paths && same_host && pool.path != msg::kv_path::none && pool.path == pull.can_import) {
     return pool.path;  // the adopter maps the owner's pool and copies the blocks itself
   }
@@ -88,12 +91,14 @@ void broker_core::on_pull(const std::string& from, const msg::kv_pull& m, int64_
     return;
   }
   reply.bytes = reply.path == msg::kv_path::none ? 0 : e.handle.bytes;
-  if (reply.path == msg::kv_path::host_shm || reply.path == msg::kv_path::cuda_ipc) {
+  if (reply.path == msg::kv_path::host_shm || reply.path == msg::kv_path::cuda_ipc ||
+      reply.path == msg::kv_path::same_pool) {
     reply.source = e.handle.pool;
     reply.source_blocks = e.blocks;
   }
-  // Same pool or the sim engine's accounting: in place at once. Shared pools: the adopter
-  // copies, then confirms; the owner's blocks stay lent until then.
+  // The sim engine's accounting: in place at once. Same pool: the adopter takes the blocks
+  // over. Shared pools: the adopter copies. Either then confirms; the owner's blocks stay
+  // lent until then.
   out_.send(from, reply);
 }
 

@@ -17,7 +17,7 @@ enum class handle_state : uint8_t { registered, transferring, confirmed, release
 struct broker_settings {
   uint32_t lease_ms = 10000;
   std::string engine_kind = "sim";  // decides the transfer path
-  bool direct_paths = true;          // host_shm / cuda_ipc when both ends allow; else only the stream
+  bool direct_paths = true;          // same_pool / host_shm / cuda_ipc when both ends allow; else only the stream
 };
 
 /// Owns the life of every KV cache in flight: registration, leases, the transfer decision,

@@ -332,7 +332,7 @@ const std::vector<std::string_view> root_keys{"model",  "engine",    "router",
 const std::vector<std::string_view> role_names{"router", "prefill", "decode", "broker"};
 const std::vector<std::string_view> engine_kinds{"sim", "cpu", "cuda"};
 const std::vector<std::string_view> router_policies{"least_loaded", "round_robin"};
-const std::vector<std::string_view> transfer_modes{"auto", "stream"};
+const std::vector<std::string_view> transfer_modes{"auto", "copy", "stream"};
 const std::vector<std::string_view> stream_modes{"own", "shared"};
 const std::vector<std::string_view> kv_allocation_modes{"on_demand", "reserve"};
 const std::vector<std::string_view> dtypes{"bf16", "f16", "f32"};

@@ -68,7 +68,9 @@ struct broker_config {
   uint32_t transfer_timeout_ms = 5000;  // decode side gives up waiting for KV after this
   uint32_t stream_chunk_bytes = 4u << 20;  // stream path: KV bytes per message (whole blocks)
   uint32_t stream_window = 4;              // stream path: chunks in flight per transfer
-  std::string transfer = "auto";  // auto: shared pools (host_shm, cuda_ipc) when possible | stream
+  // auto: one pool for a node's workers on one device (ownership moves), else the other pool
+  // mapped (host_shm, cuda_ipc), else the stream | copy: never one pool | stream: always the stream
+  std::string transfer = "auto";
 };
 
 /// [transport]

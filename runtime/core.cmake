@@ -1,5 +1,6 @@
 target_sources(duet_runtime PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/block_manager.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/kv_arena.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_shape.cpp
   ${CMAKE_CURRENT_LIST_DIR}/sim_engine.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine_factory.cpp

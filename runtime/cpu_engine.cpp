@@ -826,28 +826,7 @@ cpu_engine::cpu_engine(std::shared_ptr<const model_weights> weights, std::shared
   if (params_.max_context == 0) throw std::invalid_argument("cpu_engine: max_context must be positive");
   const transformer_config& c = weights_->config;
   layout_ = kv_block_layout::make(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, params_.block_tokens);
-  kv_bytes_ = layout_.block_bytes * params_.kv_blocks;
-  try {
-    if (shm_region::fits(kv_bytes_)) {
-      kv_region_ = std::make_unique<shm_region>(kv_bytes_);
-      kv_ = reinterpret_cast<float*>(kv_region_->data());
-    } else {
-      static std::once_flag warned;
-      std::call_once(warned, [&] {
-        std::fprintf(stderr,
-                     "duet: cpu engine: /dev/shm has no room for a %.0f MiB KV pool; pools stay private, so "
-                     "handovers between processes use the stream path (give the container more /dev/shm to share)\n",
-                     kv_bytes_ / 1048576.0);
-      });
-      void* p = ::mmap(nullptr, kv_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED) throw std::runtime_error(std::strerror(errno));
-      kv_private_ = p;
-      kv_ = static_cast<float*>(p);
-    }
-  } catch (const std::exception& e) {
-    throw std::runtime_error("cpu_engine: cannot allocate a KV pool of " + std::to_string(kv_bytes_) + " bytes (" +
-                             std::to_string(params_.kv_blocks) + " blocks): " + e.what());
-  }
+  allocate_pool();
 
   info_.engine = "cpu";
   info_.model = params_.served_name;
@@ -864,8 +843,84 @@ cpu_engine::cpu_engine(std::shared_ptr<const model_weights> weights, std::shared
   samplers_.resize(pool_.size());
 }
 
-cpu_engine::~cpu_engine() {
-  if (kv_private_) ::munmap(kv_private_, kv_bytes_);
+cpu_engine::~cpu_engine() = default;
+
+namespace {
+
+struct kv_memory {
+  std::shared_ptr<void> owner;
+  std::byte* base = nullptr;
+  std::string shm_name;
+};
+
+/// Zero-filled memory for a pool: POSIX shared memory where /dev/shm has room, so other
+/// processes can map it, else private pages.
+kv_memory allocate_kv_memory(uint64_t bytes, uint32_t blocks) {
+  kv_memory m;
+  try {
+    if (shm_region::fits(bytes)) {
+      auto region = std::make_shared<shm_region>(bytes);
+      m.base = region->data();
+      m.shm_name = region->name();
+      m.owner = std::move(region);
+      return m;
+    }
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      std::fprintf(stderr,
+                   "duet: cpu engine: /dev/shm has no room for a %.0f MiB KV pool; pools stay private, so "
+                   "handovers between processes use the stream path (give the container more /dev/shm to share)\n",
+                   bytes / 1048576.0);
+    });
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error(std::strerror(errno));
+    m.base = static_cast<std::byte*>(p);
+    m.owner = std::shared_ptr<void>(p, [bytes](void* q) { ::munmap(q, bytes); });
+    return m;
+  } catch (const std::exception& e) {
+    throw std::runtime_error("cpu_engine: cannot allocate a KV pool of " + std::to_string(bytes) + " bytes (" +
+                             std::to_string(blocks) + " blocks): " + e.what());
+  }
+}
+
+}  // namespace
+
+void cpu_engine::allocate_pool() {
+  const uint64_t block_bytes = layout_.block_bytes;
+  if (!params_.seat) {
+    kv_total_blocks_ = params_.kv_blocks;
+    kv_bytes_ = block_bytes * kv_total_blocks_;
+    auto m = allocate_kv_memory(kv_bytes_, kv_total_blocks_);
+    kv_memory_ = std::move(m.owner);
+    kv_shm_name_ = std::move(m.shm_name);
+    kv_ = reinterpret_cast<float*>(m.base);
+    return;
+  }
+  shared_kv_pool& shared = *params_.seat.pool;
+  std::lock_guard lock(shared.mutex);
+  if (!shared.arena) {
+    // The first member allocates for all: each keeps the blocks its actor's kv_blocks asks for.
+    std::vector<uint32_t> blocks;
+    uint64_t total = 0;
+    for (const actor_config* a : shared.members) {
+      blocks.push_back(a->kv_blocks);
+      total += a->kv_blocks;
+    }
+    auto m = allocate_kv_memory(total * block_bytes, static_cast<uint32_t>(total));
+    shared.memory = std::move(m.owner);
+    shared.base = m.base;
+    shared.bytes = total * block_bytes;
+    shared.shm_name = std::move(m.shm_name);
+    shared.arena = std::make_shared<kv_arena>(blocks);
+  }
+  if (shared.bytes != uint64_t{shared.arena->total_blocks()} * block_bytes) {
+    throw std::runtime_error("cpu_engine: the shared KV pool was laid out for another model or block size");
+  }
+  kv_memory_ = shared.memory;
+  kv_shm_name_ = shared.shm_name;
+  kv_ = reinterpret_cast<float*>(shared.base);
+  kv_bytes_ = shared.bytes;
+  kv_total_blocks_ = shared.arena->total_blocks();
 }
 
 const char* cpu_engine::kernel_name() { return kernels().name; }
@@ -885,9 +940,9 @@ void cpu_engine::check_blocks(std::span<const uint32_t> blocks, uint64_t positio
                                 std::to_string(blocks.size()));
   }
   for (uint64_t i = 0; i < needed; ++i) {
-    if (blocks[i] >= params_.kv_blocks) {
+    if (blocks[i] >= kv_total_blocks_) {
       throw std::invalid_argument(std::string("cpu_engine: ") + what + ": block " + std::to_string(blocks[i]) +
-                                  " is outside the pool of " + std::to_string(params_.kv_blocks));
+                                  " is outside the pool of " + std::to_string(kv_total_blocks_));
     }
   }
 }
@@ -1114,7 +1169,7 @@ void cpu_engine::release(uint64_t seq_id) { prompt_tokens_.erase(seq_id); }
 bool cpu_engine::read_blocks(std::span<const uint32_t> blocks, std::span<std::byte> out) const {
   if (out.size() != blocks.size() * layout_.block_bytes) return false;
   for (uint32_t b : blocks) {
-    if (b >= params_.kv_blocks) return false;
+    if (b >= kv_total_blocks_) return false;
   }
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     std::memcpy(out.data() + i * layout_.block_bytes, block_ptr(blocks[i]), layout_.block_bytes);
@@ -1125,7 +1180,7 @@ bool cpu_engine::read_blocks(std::span<const uint32_t> blocks, std::span<std::by
 bool cpu_engine::write_blocks(std::span<const uint32_t> blocks, std::span<const std::byte> in) {
   if (in.size() != blocks.size() * layout_.block_bytes) return false;
   for (uint32_t b : blocks) {
-    if (b >= params_.kv_blocks) return false;
+    if (b >= kv_total_blocks_) return false;
   }
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     std::memcpy(block_ptr(blocks[i]), in.data() + i * layout_.block_bytes, layout_.block_bytes);
@@ -1135,11 +1190,11 @@ bool cpu_engine::write_blocks(std::span<const uint32_t> blocks, std::span<const 
 
 msg::kv_pool_export cpu_engine::export_pool() const {
   msg::kv_pool_export e;
-  if (!kv_region_ || host_boot_id().empty()) return e;  // private pool, or an unknown host
+  if (kv_shm_name_.empty() || host_boot_id().empty()) return e;  // private pool, or an unknown host
   e.path = msg::kv_path::host_shm;
   e.host = host_boot_id();
   e.pid = static_cast<int32_t>(::getpid());
-  e.handle = kv_region_->name();
+  e.handle = kv_shm_name_;
   e.base = reinterpret_cast<uint64_t>(kv_);
   e.pool_bytes = kv_bytes_;
   return e;
@@ -1163,7 +1218,7 @@ bool cpu_engine::import_blocks(const msg::kv_pool_export& from, std::span<const 
     }
   }
   for (std::size_t i = 0; i < src.size(); ++i) {
-    if (dst[i] >= params_.kv_blocks) {
+    if (dst[i] >= kv_total_blocks_) {
       error = "destination block " + std::to_string(dst[i]) + " is outside this pool";
       return false;
     }
@@ -1176,7 +1231,8 @@ bool cpu_engine::import_blocks(const msg::kv_pool_export& from, std::span<const 
   return true;
 }
 
-std::unique_ptr<engine> make_cpu_engine(const deployment_config& config, const actor_config& actor) {
+std::unique_ptr<engine> make_cpu_engine(const deployment_config& config, const actor_config& actor,
+                                        const kv_pool_seat& seat) {
   if (config.model.path.empty()) {
     throw std::runtime_error(
         "engine 'cpu' needs model.path: a Hugging Face model directory (config.json, *.safetensors) or a .gguf file");
@@ -1187,6 +1243,7 @@ std::unique_ptr<engine> make_cpu_engine(const deployment_config& config, const a
   params.block_tokens = config.model.block_tokens;
   params.max_context = config.model.max_context;
   params.threads = config.engine.threads;
+  params.seat = seat;
   const std::filesystem::path path = config.model.path;
   if (is_gguf_file(path)) {
     if (config.model.dtype == "f32") return std::make_unique<cpu_engine>(load_gguf_model_shared(path), std::move(params));

@@ -130,6 +130,7 @@ struct cpu_engine_params {
   uint32_t block_tokens = 16;
   uint32_t max_context = 32768;          // capped at the model's max_position_embeddings
   uint32_t threads = 0;                  // 0 = std::thread::hardware_concurrency()
+  kv_pool_seat seat;                     // a pool shared with other workers (kv_blocks per member)
 };
 
 /// The fp32 reference engine. Prefill and decode validate every input before touching the KV
@@ -156,6 +157,7 @@ class cpu_engine final : public engine {
   bool write_blocks(std::span<const uint32_t> blocks, std::span<const std::byte> in) override;
   /// The pool lives in POSIX shared memory: another process on this host maps it read-only.
   [[nodiscard]] msg::kv_pool_export export_pool() const override;
+  [[nodiscard]] kv_pool_seat pool_seat() const override { return params_.seat; }
   [[nodiscard]] msg::kv_path can_import() const override { return msg::kv_path::host_shm; }
   bool import_blocks(const msg::kv_pool_export& from, std::span<const uint32_t> src, std::span<const uint32_t> dst,
                      std::string& error) override;
@@ -195,10 +197,12 @@ class cpu_engine final : public engine {
   kv_block_layout layout_;
   rope_table rope_;
   worker_pool pool_;
-  std::unique_ptr<shm_region> kv_region_;  // the pool, shared (zero pages until touched), or
-  void* kv_private_ = nullptr;              // private memory when /dev/shm has no room
-  float* kv_ = nullptr;                     // kv_region_'s bytes as floats
+  void allocate_pool();
+  std::shared_ptr<void> kv_memory_;  // shared memory (zero pages until touched), or private when
+  std::string kv_shm_name_;          // /dev/shm has no room (then this is empty)
+  float* kv_ = nullptr;              // the pool's bytes as floats
   uint64_t kv_bytes_ = 0;
+  uint32_t kv_total_blocks_ = 0;     // block ids of the pool: every member's when shared
   mutable shm_mappings imported_;           // other processes' pools, mapped once each
 
   // Step workspace, reused across steps.
@@ -214,8 +218,10 @@ class cpu_engine final : public engine {
 
 /// engine.kind "cpu": loads config.model.path (a Hugging Face model directory, or a GGUF file
 /// recognised by its magic; weights shared by every engine of the process that loads the same
-/// path) with actor.kv_blocks blocks. A GGUF runs on the native path unless model.dtype is
-/// "f32", which dequantizes every matrix to fp32 (the reference path).
-[[nodiscard]] std::unique_ptr<engine> make_cpu_engine(const deployment_config& config, const actor_config& actor);
+/// path) with actor.kv_blocks blocks, in `seat` of a shared pool when given. A GGUF runs on
+/// the native path unless model.dtype is "f32", which dequantizes every matrix to fp32 (the
+/// reference path).
+[[nodiscard]] std::unique_ptr<engine> make_cpu_engine(const deployment_config& config, const actor_config& actor,
+                                                      const kv_pool_seat& seat = {});
 
 }  // namespace duet

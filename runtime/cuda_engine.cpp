@@ -730,27 +730,7 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
   block_elems_ = k::kv_block_elems(c.num_hidden_layers, c.num_key_value_heads, c.head_dim,
                                    params_.block_tokens);
   const uint64_t block_bytes = block_elems_ * 2;
-  kv_blocks_ = params_.kv_blocks;
-  if (params_.kv_memory_fraction > 0.0) {
-    size_t free_bytes = 0, total = 0;
-    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
-    kv_blocks_ = static_cast<uint32_t>(
-        std::min<double>(4e9, free_bytes * params_.kv_memory_fraction / block_bytes));
-    if (kv_blocks_ < 2)
-      throw std::runtime_error("cuda_engine: kv_memory_fraction leaves no room for a KV pool");
-    kv_blocks_ -= 1;
-  }
-  if (kv_blocks_ == 0) throw std::invalid_argument("cuda_engine: kv_blocks must be positive");
-  if ((uint64_t{kv_blocks_} + 1) * params_.block_tokens >= (1ull << 31)) {
-    throw std::invalid_argument("cuda_engine: KV pool over 2^31 token slots");
-  }
-  const cudaError_t pool_err = cudaMalloc(&pool_, (uint64_t{kv_blocks_} + 1) * block_bytes);
-  if (pool_err != cudaSuccess) {
-    throw std::runtime_error("cuda_engine: cannot allocate a KV pool of " +
-                             std::to_string(kv_blocks_) + " blocks (" +
-                             std::to_string((uint64_t{kv_blocks_} + 1) * block_bytes) +
-                             " bytes): " + cudaGetErrorString(pool_err));
-  }
+  allocate_pool(block_bytes);
 
   if (const char* v = std::getenv("DUET_CUDA_ATTN_VARIANT"))
     attention_variant_ = static_cast<uint32_t>(std::atoi(v));
@@ -766,6 +746,8 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
   info_.layout_hash = layout_hash(params_.served_name, "bf16", c.num_hidden_layers,
                                   c.num_key_value_heads, c.head_dim, params_.block_tokens);
   info_.eos_ids = c.eos_token_ids;
+  // The worker's share, which kv_memory_fraction sized here rather than the config.
+  info_.kv_blocks = params_.seat ? params_.seat.pool->arena->member_blocks(params_.seat.member) : kv_blocks_;
   CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -779,7 +761,7 @@ cuda_engine::~cuda_engine() {
     }
     for (auto& [handle, ptr] : opened_pools_) cudaIpcCloseMemHandle(ptr);
     if (copy_ids_) cudaFree(copy_ids_);
-    if (pool_) cudaFree(pool_);
+    pool_memory_.reset();  // the last member of a shared pool frees it
     buf_.reset();
     capture_owner_.reset();
     stream_owner_.reset();  // a green context's streams go before the context
@@ -1202,10 +1184,10 @@ void cuda_engine::decode_part(std::span<const decode_slot> slots,
       // Padding: one token at position 0 of the scratch block, greedy.
       tokens[i] = 0;
       positions[i] = 0;
-      slot_ids[i] = static_cast<int32_t>(kv_blocks_ * bt);
+      slot_ids[i] = static_cast<int32_t>(scratch_block_ * bt);
       seq_lens[i] = 1;
       seq_table[i] = static_cast<int32_t>(ps.blocks);
-      blocks[ps.blocks++] = static_cast<int32_t>(kv_blocks_);
+      blocks[ps.blocks++] = static_cast<int32_t>(scratch_block_);
       requests[i] = k::sample_row{};
     }
   }
@@ -1335,6 +1317,82 @@ bool cuda_engine::write_blocks(std::span<const uint32_t> blocks, std::span<const
   return true;
 }
 
+namespace {
+
+/// Blocks of a pool sized by `fraction` of `free_bytes`, less the scratch block, or `blocks`.
+uint32_t pool_blocks(uint32_t blocks, double fraction, uint64_t free_bytes, uint64_t block_bytes) {
+  if (fraction <= 0.0) return blocks;
+  const auto sized = static_cast<uint32_t>(std::min<double>(4e9, free_bytes * fraction / block_bytes));
+  if (sized < 2) throw std::runtime_error("cuda_engine: kv_memory_fraction leaves no room for a KV pool");
+  return sized - 1;
+}
+
+std::shared_ptr<void> device_allocation(int device, uint64_t bytes, uint32_t blocks) {
+  void* ptr = nullptr;
+  const cudaError_t err = cudaMalloc(&ptr, bytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw std::runtime_error("cuda_engine: cannot allocate a KV pool of " + std::to_string(blocks) + " blocks (" +
+                             std::to_string(bytes) + " bytes): " + cudaGetErrorString(err));
+  }
+  return std::shared_ptr<void>(ptr, [device](void* p) {
+    int current = 0;
+    cudaGetDevice(&current);
+    cudaSetDevice(device);
+    cudaFree(p);
+    cudaSetDevice(current);
+  });
+}
+
+}  // namespace
+
+void cuda_engine::allocate_pool(uint64_t block_bytes) {
+  size_t free_bytes = 0, total = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+  if (!params_.seat) {
+    kv_blocks_ = pool_blocks(params_.kv_blocks, params_.kv_memory_fraction, free_bytes, block_bytes);
+    if (kv_blocks_ == 0) throw std::invalid_argument("cuda_engine: kv_blocks must be positive");
+    if ((uint64_t{kv_blocks_} + 1) * params_.block_tokens >= (1ull << 31)) {
+      throw std::invalid_argument("cuda_engine: KV pool over 2^31 token slots");
+    }
+    pool_memory_ = device_allocation(params_.device, (uint64_t{kv_blocks_} + 1) * block_bytes, kv_blocks_);
+    pool_ = pool_memory_.get();
+    scratch_block_ = kv_blocks_;
+    return;
+  }
+  shared_kv_pool& shared = *params_.seat.pool;
+  std::lock_guard lock(shared.mutex);
+  if (!shared.arena) {
+    // The first member sizes every member's share as if each had allocated in config order
+    // (a fraction of what the members before it left free), plus a scratch block each.
+    std::vector<uint32_t> blocks;
+    uint64_t remaining = free_bytes, ids = 0;
+    for (const actor_config* a : shared.members) {
+      const uint32_t b = pool_blocks(a->kv_blocks, a->kv_memory_fraction, remaining, block_bytes);
+      if (b == 0) throw std::invalid_argument("cuda_engine: kv_blocks must be positive");
+      blocks.push_back(b);
+      ids += b;
+      remaining -= std::min<uint64_t>(remaining, (uint64_t{b} + 1) * block_bytes);
+    }
+    const uint64_t slots = ids + shared.members.size();
+    if (slots * params_.block_tokens >= (1ull << 31)) {
+      throw std::invalid_argument("cuda_engine: shared KV pool over 2^31 token slots");
+    }
+    shared.memory = device_allocation(params_.device, slots * block_bytes, static_cast<uint32_t>(ids));
+    shared.base = static_cast<std::byte*>(shared.memory.get());
+    shared.bytes = slots * block_bytes;
+    shared.arena = std::make_shared<kv_arena>(blocks);
+  }
+  const uint64_t slots = uint64_t{shared.arena->total_blocks()} + shared.arena->members();
+  if (shared.bytes != slots * block_bytes) {
+    throw std::runtime_error("cuda_engine: the shared KV pool was laid out for another model or block size");
+  }
+  pool_memory_ = shared.memory;
+  pool_ = shared.base;
+  kv_blocks_ = shared.arena->total_blocks();
+  scratch_block_ = kv_blocks_ + params_.seat.member;
+}
+
 msg::kv_pool_export cuda_engine::export_pool() const {
   msg::kv_pool_export e;
   if (host_boot_id().empty()) return e;
@@ -1352,7 +1410,7 @@ msg::kv_pool_export cuda_engine::export_pool() const {
   e.pid = static_cast<int32_t>(::getpid());
   e.handle = ipc_handle_hex_;
   e.base = reinterpret_cast<uint64_t>(pool_);
-  e.pool_bytes = (uint64_t{kv_blocks_} + 1) * info_.block_bytes;
+  e.pool_bytes = uint64_t{kv_blocks_} * info_.block_bytes;
   e.device = params_.device;
   return e;
 }
@@ -1454,7 +1512,7 @@ bool cuda_engine::enable_peer(int device, std::string& error) {
 }
 
 std::unique_ptr<engine> make_cuda_engine(const deployment_config& config,
-                                         const actor_config& actor) {
+                                         const actor_config& actor, const kv_pool_seat& seat) {
   if (config.model.path.empty()) {
     throw std::runtime_error(
         "engine 'cuda' needs model.path: a Hugging Face model directory (config.json, "
@@ -1472,6 +1530,7 @@ std::unique_ptr<engine> make_cuda_engine(const deployment_config& config,
   params.high_priority = actor.role == actor_role::decode;
   params.sm_share = actor.sm_share;
   params.shared_stream = actor.stream == "shared";
+  params.seat = seat;
   return std::make_unique<cuda_engine>(config.model.path, std::move(params));
 }
 

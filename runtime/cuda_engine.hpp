@@ -41,6 +41,7 @@ struct cuda_engine_params {
   bool cuda_graphs = true;         // decode steps replay captured graphs
   double sm_share = 1.0;       // < 1: kernels run in a green context of this fraction of the SMs
   bool shared_stream = false;  // one stream for every such engine of the process on this device
+  kv_pool_seat seat;           // a pool shared with other workers on this device (their sizes too)
 };
 
 struct cuda_weights;
@@ -68,6 +69,7 @@ class cuda_engine final : public engine {
   /// and copies blocks device to device; an engine of this process uses the address itself.
   [[nodiscard]] msg::kv_pool_export export_pool() const override;
   [[nodiscard]] msg::kv_path can_import() const override { return msg::kv_path::cuda_ipc; }
+  [[nodiscard]] kv_pool_seat pool_seat() const override { return params_.seat; }
   /// One gather kernel on this engine's stream copies every block (kernels/kv_copy.cuh).
   bool import_blocks(const msg::kv_pool_export& from, std::span<const uint32_t> src, std::span<const uint32_t> dst,
                      std::string& error) override;
@@ -140,8 +142,11 @@ class cuda_engine final : public engine {
   void* stream_ = nullptr;                   // cudaStream_t, stream_owner_.get()
   void* capture_stream_ = nullptr;  // where decode graphs are captured (stream_ unless shared)
   std::unique_ptr<device_buffers> buf_;
+  void allocate_pool(uint64_t block_bytes);
+  std::shared_ptr<void> pool_memory_;  // the pool's allocation (shared with the seat's other members)
   void* pool_ = nullptr;
-  uint32_t kv_blocks_ = 0;  // usable blocks; block kv_blocks_ is scratch for padded rows
+  uint32_t kv_blocks_ = 0;      // usable block ids: every member's when the pool is shared
+  uint32_t scratch_block_ = 0;  // takes the writes of padded decode rows (this engine's own)
   uint64_t block_elems_ = 0;
   int sm_count_ = 0;
   std::map<uint32_t, decode_graph> graphs_;
@@ -166,6 +171,6 @@ class cuda_engine final : public engine {
 /// (kv_blocks, or kv_memory_fraction of free memory), max_batch, chunk_tokens, sm_share and stream
 /// ("shared": shared_stream); decode actors get the high-priority stream.
 [[nodiscard]] std::unique_ptr<engine> make_cuda_engine(const deployment_config& config,
-                                                       const actor_config& actor);
+                                                       const actor_config& actor, const kv_pool_seat& seat = {});
 
 }  // namespace duet

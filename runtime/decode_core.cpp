@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <unistd.h>
+
 #include "runtime/kv_pool_share.hpp"
 
 namespace duet {
@@ -10,7 +12,7 @@ decode_core::decode_core(std::string self, decode_settings settings, engine& eng
     : settings_(std::move(settings)),
       engine_(engine),
       out_(std::move(self)),
-      pool_(settings_.kv_blocks, engine.info().block_tokens) {}
+      pool_(make_block_manager(engine, settings_.kv_blocks)) {}
 
 std::optional<kv_allocation> kv_allocation_from_string(std::string_view text) {
   if (text == "on_demand") return kv_allocation::on_demand;
@@ -120,6 +122,8 @@ void decode_core::try_admit_waiting(int64_t now_ms) {
     pull.layout_hash = s.layout_hash;
     pull.host = host_boot_id();
     pull.can_import = engine_.can_import();
+    pull.pid = static_cast<int32_t>(::getpid());
+    pull.arena = pool_.shared_arena();
     pull.block_ids = s.blocks;
     out_.send(settings_.broker, pull, s.deadline_ms);
   }
@@ -144,7 +148,17 @@ void decode_core::on_moved(const msg::kv_moved& m, int64_t now_ms) {
     end(*s, msg::finish_reason::error, m.code, "KV transfer failed: " + m.message);
     return;
   }
-  if (m.path == msg::kv_path::host_shm || m.path == msg::kv_path::cuda_ipc) {
+  if (m.path == msg::kv_path::same_pool && !m.source_blocks.empty()) {
+    // One pool with the owner: its blocks become ours, ours (as many) become its.
+    const std::string error = pool_.take_lent(m.handle_id, m.source_blocks, s->blocks);
+    if (!error.empty()) {
+      ++counters_["transfer_failures"];
+      out_.send(settings_.broker, msg::kv_nack{m.handle_id, "ownership move failed: " + error});
+      end(*s, msg::finish_reason::error, msg::error_code::unavailable, "KV transfer failed: " + error);
+      return;
+    }
+    counters_["moved_blocks"] += m.source_blocks.size();
+  } else if (m.path == msg::kv_path::host_shm || m.path == msg::kv_path::cuda_ipc) {
     // The broker lent us the owner's pool: copy the blocks from it ourselves.
     std::string error;
     if (m.source_blocks.size() > s->blocks.size() ||

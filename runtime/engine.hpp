@@ -5,13 +5,16 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "messages/catalogue.hpp"
+#include "runtime/block_manager.hpp"
 #include "runtime/config.hpp"
 #include "runtime/sampler.hpp"
 
@@ -25,6 +28,7 @@ struct engine_info {
   uint32_t max_context = 0;
   uint32_t block_tokens = 16;
   uint64_t block_bytes = 0;    // one block: every layer's K and V for block_tokens tokens
+  uint32_t kv_blocks = 0;      // this worker's blocks when the engine sized its pool (0: the config's)
   uint64_t layout_hash = 0;    // model, dtype, KV layout and block size; peers must agree
   std::vector<int32_t> eos_ids;
 };
@@ -80,6 +84,27 @@ inline void step_output_push(step_output& out, const sample_result& sample, cons
   out.logprobs.push_back(std::move(lp));
 }
 
+/// The prefill and decode workers of one node whose engines share one KV pool: same engine
+/// kind and device, broker.transfer = "auto". The first engine to start allocates the pool
+/// for every member (its memory and the kv_arena that says which member owns which block);
+/// a handover between members then moves block ownership, no bytes (path same_pool).
+struct shared_kv_pool {
+  std::vector<const actor_config*> members;  // in the config's order
+  std::mutex mutex;                          // held while the first engine allocates
+  std::shared_ptr<kv_arena> arena;
+  std::shared_ptr<void> memory;  // keeps the allocation alive (engine-defined deleter)
+  std::byte* base = nullptr;     // host or device address of block 0
+  uint64_t bytes = 0;
+  std::string shm_name;          // cpu: the POSIX shared-memory region, when the pool is one
+};
+
+/// One worker's place in a shared_kv_pool.
+struct kv_pool_seat {
+  std::shared_ptr<shared_kv_pool> pool;
+  uint32_t member = 0;
+  [[nodiscard]] explicit operator bool() const { return pool != nullptr; }
+};
+
 class engine {
  public:
   virtual ~engine() = default;
@@ -96,6 +121,8 @@ class engine {
   /// The pool as other processes on this host can map it (host_shm: cpu, cuda_ipc: cuda);
   /// path none when it cannot be shared.
   [[nodiscard]] virtual msg::kv_pool_export export_pool() const { return {}; }
+  /// The pool this engine shares with other workers of its process, or none (a pool of its own).
+  [[nodiscard]] virtual kv_pool_seat pool_seat() const { return {}; }
   /// The kind of exported pool this engine copies from (none: only the stream path).
   [[nodiscard]] virtual msg::kv_path can_import() const { return msg::kv_path::none; }
   /// Copies blocks `src` of the exported pool `from` into `dst` of this pool, in order.
@@ -107,9 +134,19 @@ class engine {
   }
 };
 
-/// Builds the engine the config asks for. Throws std::runtime_error with a reason.
+/// Builds the engine the config asks for, in `seat` of a pool shared with other workers
+/// when given. Throws std::runtime_error with a reason.
 [[nodiscard]] std::unique_ptr<engine> make_engine(const deployment_config& config,
-                                                  const actor_config& actor);
+                                                  const actor_config& actor, const kv_pool_seat& seat = {});
+
+/// The seats of the node's workers whose engines share a KV pool (see shared_kv_pool), by
+/// actor name; workers that share with none are absent.
+[[nodiscard]] std::map<std::string, kv_pool_seat> plan_shared_kv_pools(const deployment_config& config,
+                                                                       const node_config& node);
+
+/// The block accounting a worker keeps for its engine: its seat in a shared pool, or a pool
+/// of its own of the engine's size (or `configured_blocks` when the engine does not say).
+[[nodiscard]] block_manager make_block_manager(const engine& engine, uint32_t configured_blocks);
 
 /// FNV-1a over the fields peers must agree on.
 [[nodiscard]] uint64_t layout_hash(std::string_view model, std::string_view dtype,

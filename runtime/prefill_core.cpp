@@ -2,13 +2,17 @@
 
 #include <algorithm>
 
+#include <unistd.h>
+
+#include "runtime/kv_pool_share.hpp"
+
 namespace duet {
 
 prefill_core::prefill_core(std::string self, prefill_settings settings, engine& engine)
     : settings_(std::move(settings)),
       engine_(engine),
       out_(std::move(self)),
-      pool_(settings_.kv_blocks, engine.info().block_tokens),
+      pool_(make_block_manager(engine, settings_.kv_blocks)),
       sender_(engine, out_, settings_.stream) {}
 
 void prefill_core::on_request(const msg::envelope& env, const msg::prefill_request& m, int64_t now_ms) {
@@ -101,7 +105,14 @@ void prefill_core::finish_step(int64_t now_ms) {
     reg.handle.layout_hash = engine_.info().layout_hash;
     reg.handle.bytes = j.blocks.size() * engine_.info().block_bytes;
     reg.handle.pool = engine_.export_pool();
+    if (const uint64_t arena = pool_.shared_arena(); arena != 0) {
+      // A worker of this process sharing the pool can take the blocks over (same_pool).
+      reg.handle.pool.arena = arena;
+      reg.handle.pool.pid = static_cast<int32_t>(::getpid());
+      reg.handle.pool.host = host_boot_id();
+    }
     reg.block_ids = j.blocks;
+    pool_.lend(j.blocks, j.seq_id);  // a worker sharing the pool may take them over (same_pool)
     out_.send(settings_.broker, reg, j.deadline_ms);
     // Only an engine that computed on this thread (nothing modelled left to wait) blocks
     // the actor through its next step; the sim engine's steps are timers.
@@ -233,7 +244,11 @@ void prefill_core::free_job(uint64_t seq_id) {
   if (it == jobs_.end()) return;
   unacked_.erase(seq_id);
   sender_.stop(seq_id);  // never read blocks that went back to the pool
-  pool_.free(it->second.blocks);
+  if (it->second.state >= prefill_state::registering) {
+    pool_.free_lent(it->second.blocks, seq_id);  // lent at registration; an adopter may own them now
+  } else {
+    pool_.free(it->second.blocks);
+  }
   engine_.release(seq_id);
   jobs_.erase(it);
 }
@@ -241,6 +256,7 @@ void prefill_core::free_job(uint64_t seq_id) {
 std::map<std::string, uint64_t> prefill_core::counters() const {
   auto all = counters_;
   for (const auto& [name, value] : sender_.counters()) all[name] = value;
+  if (pool_.moved_away() > 0) all["moved_blocks"] = pool_.moved_away();  // taken over by a same-pool adopter
   return all;
 }
 

@@ -151,14 +151,22 @@ struct client_log {
 /// A sim engine whose pool really holds KV: each token's slot stores the token id. A decode
 /// step first checks that the slots of the whole history hold that history, and answers a
 /// wrong token when they do not, so a lost, reordered or corrupted transfer shows up in the
-/// tokens a client receives, exactly as it would with a real model.
+/// tokens a client receives, exactly as it would with a real model. Engines given the same
+/// `slots` and seats of one shared_kv_pool share one pool, as workers of one process on one
+/// device do (handovers between them take the same_pool path).
 class kv_tracking_engine final : public engine {
  public:
-  explicit kv_tracking_engine(std::unique_ptr<engine> inner) : inner_(std::move(inner)), info_(inner_->info()) {
+  explicit kv_tracking_engine(std::unique_ptr<engine> inner, kv_pool_seat seat = {},
+                              std::shared_ptr<std::vector<int32_t>> slots = nullptr)
+      : inner_(std::move(inner)),
+        info_(inner_->info()),
+        seat_(std::move(seat)),
+        pool_(slots ? std::move(slots) : std::make_shared<std::vector<int32_t>>()) {
     info_.engine = "kv-tracking";
     info_.block_bytes = uint64_t{info_.block_tokens} * sizeof(int32_t);
   }
   [[nodiscard]] const engine_info& info() const override { return info_; }
+  [[nodiscard]] kv_pool_seat pool_seat() const override { return seat_; }
 
   [[nodiscard]] step_output prefill(std::span<const prefill_chunk> chunks) override {
     for (const auto& c : chunks) {
@@ -190,8 +198,8 @@ class kv_tracking_engine final : public engine {
     if (out.size() != blocks.size() * info_.block_bytes) return false;
     for (std::size_t i = 0; i < blocks.size(); ++i) {
       const std::size_t at = std::size_t{blocks[i]} * info_.block_tokens;
-      if (at + info_.block_tokens > pool_.size()) return false;  // never written: not KV of ours
-      std::memcpy(out.data() + i * info_.block_bytes, pool_.data() + at, info_.block_bytes);
+      if (at + info_.block_tokens > pool_->size()) return false;  // never written: not KV of ours
+      std::memcpy(out.data() + i * info_.block_bytes, pool_->data() + at, info_.block_bytes);
     }
     return true;
   }
@@ -199,7 +207,7 @@ class kv_tracking_engine final : public engine {
     if (in.size() != blocks.size() * info_.block_bytes) return false;
     for (std::size_t i = 0; i < blocks.size(); ++i) {
       grow(blocks[i]);
-      std::memcpy(pool_.data() + std::size_t{blocks[i]} * info_.block_tokens, in.data() + i * info_.block_bytes,
+      std::memcpy(pool_->data() + std::size_t{blocks[i]} * info_.block_tokens, in.data() + i * info_.block_bytes,
                   info_.block_bytes);
     }
     return true;
@@ -209,17 +217,18 @@ class kv_tracking_engine final : public engine {
  private:
   void grow(uint32_t block) {
     const std::size_t need = (std::size_t{block} + 1) * info_.block_tokens;
-    if (pool_.size() < need) pool_.resize(need, -1);
+    if (pool_->size() < need) pool_->resize(need, -1);
   }
   int32_t& slot(std::span<const uint32_t> blocks, uint32_t position) {
     const uint32_t block = blocks[position / info_.block_tokens];
     grow(block);
-    return pool_[std::size_t{block} * info_.block_tokens + position % info_.block_tokens];
+    return (*pool_)[std::size_t{block} * info_.block_tokens + position % info_.block_tokens];
   }
 
   std::unique_ptr<engine> inner_;
   engine_info info_;
-  std::vector<int32_t> pool_;
+  kv_pool_seat seat_;
+  std::shared_ptr<std::vector<int32_t>> pool_;
   uint64_t corrupt_reads_ = 0;
 };
 

@@ -128,7 +128,8 @@ inline kv_pool_export sample_pool_export() {
           .handle = "00ff10ab",
           .base = 0x7f0000000000ull,
           .pool_bytes = 1ull << 36,
-          .device = 2};
+          .device = 2,
+          .arena = 0x1234567890ull};
 }
 inline kv_register sample(tag<kv_register>) {
   return {.handle = {.handle_id = 9003,
@@ -149,6 +150,8 @@ inline kv_pull sample(tag<kv_pull>) {
           .device = 1,
           .host = "0b3f6a2e-5c1d-4e8f-9a7b-1c2d3e4f5a6b",
           .can_import = kv_path::host_shm,
+          .pid = 4243,
+          .arena = 77,
           .block_ids = {7, 8, 9}};
 }
 inline kv_moved sample(tag<kv_moved>) {

@@ -209,6 +209,133 @@ TEST_CASE("a block manager refuses a block size of zero") {
   CHECK_THROWS_AS(block_manager(4, 0), std::invalid_argument);
 }
 
+namespace {
+/// Two workers sharing one arena: a prefill worker (member 0) and a decode worker (member 1).
+struct shared_arena {
+  std::shared_ptr<duet::kv_arena> arena;
+  block_manager prefill;
+  block_manager decode;
+  shared_arena(uint32_t prefill_blocks, uint32_t decode_blocks)
+      : arena(std::make_shared<duet::kv_arena>(std::vector<uint32_t>{prefill_blocks, decode_blocks})),
+        prefill(arena, 0, 16),
+        decode(arena, 1, 16) {}
+};
+}  // namespace
+
+TEST_CASE("members of one arena start with disjoint block ranges and allocate only their own") {
+  shared_arena a(4, 6);
+  CHECK(a.prefill.total_blocks() == 4);
+  CHECK(a.decode.total_blocks() == 6);
+  CHECK(a.prefill.shared_arena() == a.arena->id());
+  CHECK(block_manager(4, 16).shared_arena() == 0);  // a pool of its own shares nothing
+  const auto p = a.prefill.allocate(4);
+  const auto d = a.decode.allocate(6);
+  CHECK(std::set<uint32_t>(p.begin(), p.end()) == std::set<uint32_t>{0, 1, 2, 3});
+  CHECK(std::set<uint32_t>(d.begin(), d.end()) == std::set<uint32_t>{4, 5, 6, 7, 8, 9});
+  CHECK(a.prefill.allocate(1).empty());
+  a.decode.free(p);  // not the decode worker's: refused, counted
+  CHECK(a.decode.double_frees() == 4);
+  CHECK(a.prefill.free_blocks() == 0);
+}
+
+TEST_CASE("a lent handle's blocks move to the adopter for as many of its own, and each side keeps its size") {
+  shared_arena a(8, 8);
+  const auto src = a.prefill.allocate(3);
+  a.prefill.lend(src, 42);
+  auto table = a.decode.allocate(5);  // the prompt's blocks and room to grow
+  const std::vector<uint32_t> given(table.begin(), table.begin() + 3);
+  const std::vector<uint32_t> kept(table.begin() + 3, table.end());
+  CHECK(a.decode.take_lent(42, src, table).empty());
+  CHECK(std::vector<uint32_t>(table.begin(), table.begin() + 3) == src);
+  CHECK(std::vector<uint32_t>(table.begin() + 3, table.end()) == kept);
+  // The prefill worker got the decode worker's three in exchange, free.
+  CHECK(a.prefill.free_blocks() == 8);
+  CHECK(a.decode.free_blocks() == 3);
+  CHECK(a.prefill.total_blocks() == 8);
+  CHECK(a.decode.total_blocks() == 8);
+  // Its release of the moved blocks frees nothing and is no double free.
+  a.prefill.free_lent(src, 42);
+  CHECK(a.prefill.free_blocks() == 8);
+  CHECK(a.prefill.moved_away() == 3);
+  CHECK(a.prefill.double_frees() == 0);
+  // The given blocks are the prefill worker's now: it allocates them, the decode worker cannot.
+  const auto again = a.prefill.allocate(8);
+  for (uint32_t b : given) CHECK(std::find(again.begin(), again.end(), b) != again.end());
+  a.decode.free(table);
+  CHECK(a.decode.free_blocks() == 8);
+  CHECK(a.decode.double_frees() == 0);
+  CHECK(a.decode.allocate(8).size() == 8);
+  CHECK(a.decode.allocate(1).empty());
+}
+
+TEST_CASE("a moved block that comes back to its lender for another prompt survives the old handle's late release") {
+  shared_arena a(2, 2);
+  const auto src = a.prefill.allocate(2);
+  a.prefill.lend(src, 1);
+  auto table = a.decode.allocate(2);
+  REQUIRE(a.decode.take_lent(1, src, table).empty());
+  a.decode.free(table);  // the sequence ends: src is the decode worker's free blocks
+  auto second = a.decode.allocate(2);  // reserved for the next adoption: src again
+  CHECK(std::set<uint32_t>(second.begin(), second.end()) == std::set<uint32_t>(src.begin(), src.end()));
+  const auto next = a.prefill.allocate(2);  // a new prompt on the blocks given in exchange
+  a.prefill.lend(next, 2);
+  REQUIRE(a.decode.take_lent(2, next, second).empty());  // src goes back to the prefill worker
+  const auto third = a.prefill.allocate(2);  // and is in use for a third prompt
+  CHECK(std::set<uint32_t>(third.begin(), third.end()) == std::set<uint32_t>(src.begin(), src.end()));
+  a.prefill.free_lent(src, 1);  // handle 1's release arrives only now
+  CHECK(a.prefill.free_blocks() == 0);  // the third prompt keeps its blocks
+  CHECK(a.prefill.moved_away() == 2);
+  CHECK(a.prefill.double_frees() == 0);
+}
+
+TEST_CASE("blocks freed by their lender, or lent again under another handle, cannot be taken, and nothing changes") {
+  shared_arena a(4, 4);
+  auto table = a.decode.allocate(2);
+  const auto before = table;
+  SUBCASE("the lender freed them (its lease ended): the take is refused") {
+    const auto src = a.prefill.allocate(2);
+    a.prefill.lend(src, 7);
+    a.prefill.free_lent(src, 7);
+    CHECK(a.prefill.moved_away() == 0);
+    CHECK(a.prefill.free_blocks() == 4);
+    CHECK_FALSE(a.decode.take_lent(7, src, table).empty());
+  }
+  SUBCASE("freed and handed to another prompt, lent under its own handle: refused for the old one") {
+    const auto src = a.prefill.allocate(2);
+    a.prefill.lend(src, 7);
+    a.prefill.free(src);
+    const auto reused = a.prefill.allocate(2);
+    CHECK(std::set<uint32_t>(reused.begin(), reused.end()) == std::set<uint32_t>(src.begin(), src.end()));
+    a.prefill.lend(reused, 8);
+    CHECK_FALSE(a.decode.take_lent(7, src, table).empty());
+    CHECK(a.prefill.free_blocks() == 2);
+    a.prefill.free_lent(src, 7);  // the old handle's late release leaves the new prompt's blocks alone
+    CHECK(a.prefill.free_blocks() == 2);
+    CHECK(a.prefill.double_frees() == 0);
+  }
+  SUBCASE("never lent: refused") {
+    const auto src = a.prefill.allocate(2);
+    CHECK_FALSE(a.decode.take_lent(7, src, table).empty());
+  }
+  SUBCASE("more blocks than the adopter reserved: refused") {
+    const auto src = a.prefill.allocate(3);
+    a.prefill.lend(src, 7);
+    CHECK_FALSE(a.decode.take_lent(7, src, table).empty());
+  }
+  SUBCASE("taken once: a second take of the same handle is refused") {
+    const auto src = a.prefill.allocate(2);
+    a.prefill.lend(src, 7);
+    CHECK(a.decode.take_lent(7, src, table).empty());
+    auto other = a.decode.allocate(2);
+    const auto other_before = other;
+    CHECK_FALSE(a.decode.take_lent(7, src, other).empty());
+    CHECK(other == other_before);
+    return;
+  }
+  CHECK(table == before);
+  CHECK(a.decode.free_blocks() == 2);
+}
+
 TEST_SUITE_END();
 
 // ==================================================================== cost model
@@ -2252,6 +2379,70 @@ TEST_CASE("on one host the adopter copies from the owner's shared pool; elsewher
   }
 }
 
+TEST_CASE("an adopter in the owner's process and shared pool takes the blocks over; any other pool copies") {
+  auto registered = [](bool direct_paths) {
+    auto core = std::make_unique<duet::broker_core>(broker_addr, duet::broker_settings{10000, "cpu", direct_paths});
+    msg::kv_register reg;
+    reg.handle.handle_id = 1;
+    reg.handle.layout_hash = 77;
+    reg.handle.bytes = 4096;
+    reg.handle.pool.path = msg::kv_path::host_shm;
+    reg.handle.pool.host = "boot-a";
+    reg.handle.pool.pid = 10;
+    reg.handle.pool.handle = "/duet-kv-10-0-1";
+    reg.handle.pool.pool_bytes = 1 << 20;
+    reg.handle.pool.arena = 5;
+    reg.block_ids = {3, 1, 4, 2};
+    core->on_register(prefill_addr, reg, t0);
+    (void)core->out().take();
+    return core;
+  };
+  auto pull = [](int32_t pid, uint64_t arena) {
+    msg::kv_pull m;
+    m.handle_id = 1;
+    m.layout_hash = 77;
+    m.host = "boot-a";
+    m.can_import = msg::kv_path::host_shm;
+    m.pid = pid;
+    m.arena = arena;
+    m.block_ids = {9, 8, 7, 6};
+    return m;
+  };
+  SUBCASE("same process, same arena: same_pool with the owner's blocks, lent until the confirm") {
+    auto b = registered(true);
+    b->on_pull(decode_addr, pull(10, 5), t0);
+    const auto moved = only_moved(b->out().take());
+    CHECK(moved.code == msg::error_code::none);
+    CHECK(moved.path == msg::kv_path::same_pool);
+    CHECK(moved.source_blocks == std::vector<uint32_t>{3, 1, 4, 2});
+    CHECK(b->counters().at("transfers_same_pool") == 1);
+    CHECK(b->bytes_in_flight() == 4096);
+    b->on_confirm(decode_addr, msg::kv_confirm{1});
+    CHECK(count_of<msg::kv_release>(b->out().take()) == 1);
+    CHECK(b->live_handles() == 0);
+  }
+  SUBCASE("another process with an arena of the same number: a copy") {
+    auto b = registered(true);
+    b->on_pull(decode_addr, pull(11, 5), t0);
+    CHECK(only_moved(b->out().take()).path == msg::kv_path::host_shm);
+  }
+  SUBCASE("the same process, another arena (another device): a copy") {
+    auto b = registered(true);
+    b->on_pull(decode_addr, pull(10, 6), t0);
+    CHECK(only_moved(b->out().take()).path == msg::kv_path::host_shm);
+  }
+  SUBCASE("an adopter with a pool of its own (arena 0): a copy") {
+    auto b = registered(true);
+    b->on_pull(decode_addr, pull(10, 0), t0);
+    CHECK(only_moved(b->out().take()).path == msg::kv_path::host_shm);
+  }
+  SUBCASE("broker.transfer = stream: the stream") {
+    auto b = registered(false);
+    b->on_pull(decode_addr, pull(10, 5), t0);
+    CHECK(count_of<msg::kv_send>(b->out().take()) == 1);
+  }
+}
+
 TEST_CASE("a confirm releases the handle to its owner exactly once") {
   broker_fixture b;
   (void)b.register_handle(1);
@@ -2626,20 +2817,38 @@ TEST_CASE("a rejected request gets exactly one rejection through the cluster") {
 namespace {
 /// 1,000 requests with random prompts, stop tokens, deadlines, cancels and refusals, 1% of
 /// the cluster's internal messages lost; `seed` picks the requests and the losses.
-void run_chaos(uint64_t seed, bool stream = false) {
+enum class chaos_kv { accounting, stream, same_pool };
+
+void run_chaos(uint64_t seed, chaos_kv kv = chaos_kv::accounting) {
+  const bool stream = kv == chaos_kv::stream;
   CAPTURE(seed);
-  CAPTURE(stream);
+  CAPTURE(int(kv));
   cluster_options o;
+  auto tiny = [] {
+    return std::make_unique<sim_engine>(*duet::find_model_shape("tiny"), *duet::find_gpu_spec("h200"), "tiny", 2048,
+                                        16, 1.0, 0.0);
+  };
   if (stream) {
     // Engines with KV bytes in separate pools: every handover streams chunks of 4 blocks,
     // two chunks ahead of the acks, through the same lossy network.
-    o.make_engine = [](bool, std::size_t) -> std::unique_ptr<duet::engine> {
-      return std::make_unique<duet::testing::kv_tracking_engine>(
-          std::make_unique<sim_engine>(*duet::find_model_shape("tiny"), *duet::find_gpu_spec("h200"), "tiny", 2048,
-                                       16, 1.0, 0.0));
+    o.make_engine = [tiny](bool, std::size_t) -> std::unique_ptr<duet::engine> {
+      return std::make_unique<duet::testing::kv_tracking_engine>(tiny());
     };
     o.broker.engine_kind = "kv-tracking";
     o.prefill.stream = {.chunk_bytes = 4 * 16 * sizeof(int32_t), .window = 2};
+  } else if (kv == chaos_kv::same_pool) {
+    // Every worker's blocks in one pool, as workers of one process on one GPU: each handover
+    // moves ownership of blocks, and a late or lost message must never let two workers use
+    // one block (the engines' KV shows it).
+    auto shared = std::make_shared<duet::shared_kv_pool>();
+    const uint32_t member_blocks[] = {256, 256, 64, 64, 64};  // prefill0, prefill1, decode0..2
+    shared->arena = std::make_shared<duet::kv_arena>(member_blocks);
+    auto slots = std::make_shared<std::vector<int32_t>>();
+    o.make_engine = [tiny, shared, slots](bool is_prefill, std::size_t i) -> std::unique_ptr<duet::engine> {
+      const auto member = static_cast<uint32_t>(is_prefill ? i : 2 + i);
+      return std::make_unique<duet::testing::kv_tracking_engine>(tiny(), duet::kv_pool_seat{shared, member}, slots);
+    };
+    o.broker.engine_kind = "kv-tracking";
   }
   o.prefill_workers = 2;
   o.decode_workers = 3;
@@ -2762,8 +2971,12 @@ void run_chaos(uint64_t seed, bool stream = false) {
   MESSAGE("decode preemptions " << preemptions << ", resumed " << resumed);
   CHECK(preemptions > 5);
   CHECK(resumed > 0);
-  if (stream) {
-    CHECK(c.broker().counters().at("transfers_tcp") > 500);
+  if (kv == chaos_kv::same_pool) {
+    CHECK(c.broker().counters().at("transfers_same_pool") > 400);
+    CHECK_FALSE(c.broker().counters().contains("transfers_tcp"));
+  }
+  if (kv != chaos_kv::accounting) {
+    if (stream) CHECK(c.broker().counters().at("transfers_tcp") > 500);
     for (std::size_t i = 0; i < c.decode_count(); ++i) {
       // Lost chunks end their requests with an error; none is ever decoded from bad KV.
       CHECK(dynamic_cast<duet::testing::kv_tracking_engine&>(c.decode_engine(i)).corrupt_reads() == 0);
@@ -2782,7 +2995,13 @@ TEST_CASE("the whole cluster answers 1,000 requests exactly once through random 
 TEST_CASE("the same chaos over the stream path: KV bytes move in lost and late chunks, never corrupt, never leak") {
   const char* env = std::getenv("DUET_CHAOS_SEEDS");
   const uint64_t seeds = env ? std::strtoull(env, nullptr, 10) : 2;
-  for (uint64_t seed = 1; seed <= seeds; ++seed) run_chaos(seed, true);
+  for (uint64_t seed = 1; seed <= seeds; ++seed) run_chaos(seed, chaos_kv::stream);
+}
+
+TEST_CASE("the same chaos with every worker in one pool: handovers move block ownership, never corrupt, never leak") {
+  const char* env = std::getenv("DUET_CHAOS_SEEDS");
+  const uint64_t seeds = env ? std::strtoull(env, nullptr, 10) : 2;
+  for (uint64_t seed = 1; seed <= seeds; ++seed) run_chaos(seed, chaos_kv::same_pool);
 }
 
 TEST_SUITE_END();

@@ -87,8 +87,9 @@ std::string actor_toml(const std::string& name, const std::string& role) {
 }
 
 /// One node: router, broker, prefill0, decode0.
-std::string one_node_toml(const std::string& endpoint) {
-  return common_toml() + "[[nodes]]\nname = \"local\"\nendpoint = \"" + endpoint + "\"\n" +
+std::string one_node_toml(const std::string& endpoint, const std::string& transfer = "auto") {
+  // [broker] is the last table of common_toml()
+  return common_toml() + "transfer = \"" + transfer + "\"\n[[nodes]]\nname = \"local\"\nendpoint = \"" + endpoint + "\"\n" +
          actor_toml("router", "router") + actor_toml("broker", "broker") + actor_toml("prefill0", "prefill") +
          actor_toml("decode0", "decode");
 }
@@ -250,9 +251,11 @@ std::map<std::string, uint64_t> byte_paths(const std::vector<msg::stats_reply>& 
 
 }  // namespace
 
-TEST_CASE("a one-process cluster of CPU engines on SmolLM2 returns the tokens one engine alone produces") {
-  if (!have_model()) return;
-  const std::string toml = one_node_toml("inproc://" + unique("duet-pipe"));
+/// One process: prefill0 and decode0 share one pool (transfer "auto": ownership of blocks moves)
+/// or keep their own (transfer "copy": the decode engine copies from the shared-memory pool).
+void serve_in_one_process(const std::string& transfer) {
+  CAPTURE(transfer);
+  const std::string toml = one_node_toml("inproc://" + unique("duet-pipe"), transfer);
   const auto config = parse_config(toml, "pipeline-one-node.toml");
   const auto prompts = chat_prompts(config);
   const auto expected = reference_tokens(config, prompts);
@@ -268,20 +271,41 @@ TEST_CASE("a one-process cluster of CPU engines on SmolLM2 returns the tokens on
     INFO("prompt: " << questions[i]);
     CHECK(got[i] == expected[i]);
   }
-  // Separate pools: every request's KV moved, bytes and all, from prefill0's pool to decode0's.
-  const auto stats = c.stats({"local/decode0", "local/broker"}, 2s);
+  const auto stats = c.stats({"local/prefill0", "local/decode0", "local/broker"}, 2s);
   const auto paths = byte_paths(stats, "local/decode0");
-  uint64_t moved = 0;
+  uint64_t copied = 0;
   for (const auto& [name, count] : paths) {
     MESSAGE("decode0 " << name << " = " << count);
-    moved += count;
+    copied += count;
   }
-  CHECK(moved == prompts.size());
   CHECK(counter(stats, "local/broker", "transfers_none") == 0);
-  CHECK(counter(stats, "local/broker", "transfers_same_pool") == 0);
+  if (transfer == "auto") {
+    // Every request's blocks changed owner, none of their bytes moved; each side's pool keeps
+    // its size (the decode worker gave as many of its blocks in exchange).
+    CHECK(copied == 0);
+    CHECK(counter(stats, "local/broker", "transfers_same_pool") == prompts.size());
+    CHECK(counter(stats, "local/decode0", "path_same_pool") == prompts.size());
+    uint64_t prompt_blocks = 0;
+    for (const auto& p : prompts) prompt_blocks += (p.size() + 15) / 16;
+    CHECK(counter(stats, "local/decode0", "moved_blocks") == prompt_blocks);
+    CHECK(counter(stats, "local/prefill0", "moved_blocks") == prompt_blocks);
+    CHECK(counter(stats, "local/decode0", "imported_bytes") == 0);
+  } else {
+    // Separate pools: every request's KV moved, bytes and all, from prefill0's pool to decode0's.
+    CHECK(copied == prompts.size());
+    CHECK(counter(stats, "local/broker", "transfers_same_pool") == 0);
+    CHECK(counter(stats, "local/decode0", "moved_blocks") == 0);
+  }
   std::string detail;
   CHECK_MESSAGE(pools_return_to_full(c, {"local/prefill0", "local/decode0", "local/broker"}, detail), detail);
   n.stop();
+}
+
+TEST_CASE("a one-process cluster of CPU engines on SmolLM2 returns the tokens one engine alone produces, "
+          "its KV handed over by ownership in one pool or copied between two") {
+  if (!have_model()) return;
+  serve_in_one_process("auto");
+  serve_in_one_process("copy");
 }
 
 /// Two processes over ipc: the tokens equal one engine's, through the path `transfer` picks.
