@@ -125,6 +125,7 @@ void decode_core::try_admit_waiting(int64_t now_ms) {
     pull.pid = static_cast<int32_t>(::getpid());
     pull.arena = pool_.shared_arena();
     pull.block_ids = s.blocks;
+    s.pulled = std::chrono::steady_clock::now();
     out_.send(settings_.broker, pull, s.deadline_ms);
   }
 }
@@ -195,7 +196,14 @@ void decode_core::on_chunk(const msg::envelope& env, const msg::kv_chunk& m, int
 
 void decode_core::kv_arrived(sequence& s, msg::kv_path path) {
   out_.send(settings_.broker, msg::kv_confirm{s.handle_id});
-  counters_[std::string("path_") + std::string(msg::to_string(path))]++;
+  const std::string name(msg::to_string(path));
+  counters_["path_" + name]++;
+  if (path != msg::kv_path::none) {
+    // From the pull to the KV in place: the broker's round trip plus the copy, if any. (Not
+    // for the sim engine's accounting, whose runs stay a function of their inputs.)
+    counters_["handover_us_" + name] += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - s.pulled).count());
+  }
   if (s.cancelled) {
     end(s, s.cancel_reason, msg::error_code::none, "cancelled");
     return;

@@ -101,6 +101,7 @@ class decode_core {
     int64_t deadline_ms = 0;
     int64_t wait_until_ms = 0;
     int64_t next_renew_ms = 0;
+    std::chrono::steady_clock::time_point pulled;  // the kv_pull went out (handover time)
     bool cancelled = false;
     msg::finish_reason cancel_reason = msg::finish_reason::cancelled;
     kv_stream_receiver receiver;  // the stream path's progress

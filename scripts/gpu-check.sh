@@ -2,7 +2,8 @@
 # Everything the CUDA engine is checked and measured by, on the GPU machine, in one command:
 #   build -> kernel tests -> compute-sanitizer (memcheck, racecheck) -> engine tests ->
 #   random R1-Distill-Llama-8B checkpoint -> Hugging Face reference -> end-to-end comparison ->
-#   benchmark -> PyTorch peers -> summary table.
+#   config/single-gpu.toml served end to end (scripts/gpu-pipeline.sh) -> benchmark (and the
+#   decode rows again per GEMV variant in GPU_CHECK_GEMV_VARIANTS) -> PyTorch peers -> summary table.
 # Run from the repository root (docs/cuda-engine.md gives the exact device call):
 #   scripts/gpu-check.sh                       all stages
 #   GPU_CHECK_STAGES=bench,peers scripts/gpu-check.sh
@@ -13,7 +14,7 @@ set -u
 export OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/gpu-check.log") 2>&1
-STAGES=${GPU_CHECK_STAGES:-build,kernels,sanitize,engine,e2e,bench,peers,summary}
+STAGES=${GPU_CHECK_STAGES:-build,kernels,sanitize,engine,e2e,pipeline,bench,peers,summary}
 BUILD=${GPU_CHECK_BUILD:-build-gpu}
 CKPT=${GPU_CHECK_CKPT:-$BUILD/r1-distill-llama-8b-random}
 HFREF=$BUILD/hf-reference
@@ -46,7 +47,7 @@ if has build; then
   stage build
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDUET_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DDUET_BENCH=ON >"$BUILD.configure.log" 2>&1 || { tail -30 "$BUILD.configure.log"; echo "configure failed"; exit 1; }
-  run build 400 cmake --build "$BUILD" -j16 --target test_cuda_kernels test_cuda_engine cuda_e2e bench_cuda_engine || exit 1
+  run build 400 cmake --build "$BUILD" -j16 --target test_cuda_kernels test_cuda_engine cuda_e2e bench_cuda_engine duet || exit 1
 fi
 
 writer=""
@@ -83,11 +84,24 @@ if has e2e && fits e2e 150; then
   run hf-reference 400 python3 tests/cuda_hf_reference.py "$CKPT" "$HFREF" --steps 64
   run e2e 300 "$BUILD/tests/cuda_e2e" compare "$CKPT" "$HFREF" "$OUT/e2e.json"
 fi
+if has pipeline && fits pipeline 150; then
+  stage "config/single-gpu.toml end to end (pipeline greedy vs HF, cuda vs cpu on a tiny model)"
+  if [ -f "$HFREF/ref.json" ]; then
+    run pipeline 400 bash scripts/gpu-pipeline.sh "$BUILD" "$CKPT" "$HFREF"
+  else
+    echo "no $HFREF/ref.json (stage e2e): the pipeline stage needs the HF reference"
+    failed+=("pipeline(no reference)")
+  fi
+fi
 if has bench && fits bench 150; then
   stage benchmark
   if [ -n "$writer" ]; then wait "$writer"; fi
   [ -f "$CKPT/config.json" ] || run checkpoint 300 "$BUILD/tests/cuda_e2e" write "$CKPT"
   run bench 400 "$BUILD/bench/bench_cuda_engine" "$CKPT" "$OUT/bench.json" ${GPU_CHECK_BENCH_ARGS:-}
+  for v in ${GPU_CHECK_GEMV_VARIANTS:-}; do
+    fits "bench-v$v" 60 || continue
+    run "bench-v$v" 200 env DUET_GEMM_SKINNY_VARIANT=$v "$BUILD/bench/bench_cuda_engine" "$CKPT" "$OUT/bench-v$v.json" --decode-only
+  done
 fi
 if has peers && fits peers 360; then
   stage "PyTorch peers (shared/peers, same machine, same call)"
