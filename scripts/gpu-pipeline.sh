@@ -81,8 +81,10 @@ if [ -n "${HANDOVER_LENGTHS:-}" ]; then
   for n in $HANDOVER_LENGTHS; do
     for rep in 1 2 3; do
       before=$(counter handover_us_same_pool)
-      ids=$(python3 -c "import random,sys; r=random.Random($n*10+$rep); print(','.join(str(r.randrange(128000)) for _ in range($n)))")
-      timeout 120 "$DUET" client --config "$cfg" --tokens "$ids" --ids --temperature 0 --max-new-tokens 2 >/dev/null 2>&1
+      # Over HTTP with the body in a file: 32K ids on a command line pass the kernel's 128 KiB per argument.
+      python3 -c "import json,random; r=random.Random($n*10+$rep); print(json.dumps({'model':'r1-distill-llama-8b','prompt':[r.randrange(128000) for _ in range($n)],'max_tokens':2,'temperature':0}))" >"$BUILD/pipe-len.json"
+      timeout 120 curl -s "127.0.0.1:8184/v1/completions" -H 'Content-Type: application/json' -d @"$BUILD/pipe-len.json" \
+        | head -c 200 >>"$OUT/pipeline-lengths-http.txt"
       after=$(counter handover_us_same_pool)
       echo "| $n | $(( (n + 15) / 16 * 2 ))  MiB | $((after - before)) |" | tee -a "$OUT/handover-lengths.md"
     done
