@@ -148,11 +148,6 @@ int main(int argc, char** argv) {
       const uint64_t M = 8192;
       dmem x(M * std::max(F, H) * 2), y(M * 2 * F * 2, false);
       double flops = 0, ms_total = 0;
-      // Batch 1 through one skinny variant (gemm_params::skinny_variant), ms.
-      auto sk_variant = [&](k::gemm_params g, int32_t variant) {
-        g.skinny_variant = variant;
-        return time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::skinny)); });
-      };
       for (const shape& s : shapes) {
         dmem w(s.n * s.k * 2);
         k::gemm_params g{x.as<uint16_t>(),
@@ -176,11 +171,6 @@ int main(int argc, char** argv) {
         const double sk = time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::skinny)); });
         kr[std::string("gemv_") + s.name + "_cublaslt_TBps"] = s.n * s.k * 2 / lt / 1e9;
         kr[std::string("gemv_") + s.name + "_skinny_TBps"] = s.n * s.k * 2 / sk / 1e9;
-        const double sk_v[3] = {sk_variant(g, 0), sk_variant(g, 1), sk_variant(g, 2)};
-        for (int v = 0; v < 3; ++v) {
-          kr[std::string("gemv_") + s.name + "_skinny_v" + std::to_string(v) + "_TBps"] =
-              s.n * s.k * 2 / sk_v[v] / 1e9;
-        }
         g.m = 4;
         const double sk4 = time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::skinny)); });
         const double lt4 =
@@ -202,43 +192,6 @@ int main(int argc, char** argv) {
             s.name, f / ms / 1e9, s.n * s.k * 2 / lt / 1e9, s.n * s.k * 2 / sk / 1e9,
             s.n * s.k * 2 / lt4 / 1e9, s.n * s.k * 2 / sk4 / 1e9, s.n * s.k * 2 / lt8 / 1e9,
             s.n * s.k * 2 / lt64 / 1e9);
-        std::printf("gemv %-8s M=1 TB/s over the weight: skinny v0 %.2f v1 %.2f v2 %.2f\n", s.name,
-                    s.n * s.k * 2 / sk_v[0] / 1e9, s.n * s.k * 2 / sk_v[1] / 1e9,
-                    s.n * s.k * 2 / sk_v[2] / 1e9);
-      }
-      // The two batch-1 GEMVs of the decode step not above: the LM head (fp32 logits) and the
-      // down projection with its SwiGLU input (gate | up, 2F wide), as the engine runs them.
-      {
-        struct gemv {
-          const char* name;
-          uint64_t n, k;
-          bool fp32, swiglu;
-        };
-        const gemv gemvs[] = {{"lm_head", c.vocab_size, H, true, false},
-                              {"down_swiglu", H, F, false, true}};
-        for (const gemv& s : gemvs) {
-          dmem w(s.n * s.k * 2);
-          k::gemm_params g{x.as<uint16_t>(),
-                           static_cast<uint32_t>(s.swiglu ? 2 * s.k : s.k),
-                           w.as<uint16_t>(),
-                           nullptr,
-                           y.p,
-                           static_cast<uint32_t>(s.n),
-                           1,
-                           static_cast<uint32_t>(s.n),
-                           static_cast<uint32_t>(s.k),
-                           s.fp32,
-                           s.swiglu};
-          double sk_v[3];
-          for (int v = 0; v < 3; ++v) {
-            sk_v[v] = sk_variant(g, v);
-            kr[std::string("gemv_") + s.name + "_skinny_v" + std::to_string(v) + "_TBps"] =
-                s.n * s.k * 2 / sk_v[v] / 1e9;
-          }
-          std::printf("gemv %-8s M=1 TB/s over the weight: skinny v0 %.2f v1 %.2f v2 %.2f\n",
-                      s.name, s.n * s.k * 2 / sk_v[0] / 1e9, s.n * s.k * 2 / sk_v[1] / 1e9,
-                      s.n * s.k * 2 / sk_v[2] / 1e9);
-        }
       }
       gemm_rate = flops / ms_total * 1e3;
       kr["gemm_M8192_model_mix_TFLOPs"] = gemm_rate / 1e12;

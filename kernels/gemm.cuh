@@ -19,12 +19,6 @@ inline constexpr uint32_t gemm_skinny_max_rows = 4;
 /// off).
 [[nodiscard]] bool gemm_skinny_enabled();
 
-/// The skinny kernel's shape when gemm_params::skinny_variant is -1, read once from
-/// DUET_GEMM_SKINNY_VARIANT: 0 (unset; 8 rows per CTA), 1 (4 rows per CTA, twice the CTAs) or 2
-/// (split-k: k cut across up to 4 CTAs per 8-row group where the grid is small, the last CTA of a
-/// group adding the slices in order); -1 for any other value, which the skinny path refuses.
-[[nodiscard]] int gemm_skinny_variant();
-
 struct gemm_params {
   const uint16_t* x =
       nullptr;       // [m, ldx] bf16 (with x_swiglu: [m, ldx] holding gate | up, 2k wide)
@@ -41,8 +35,6 @@ struct gemm_params {
   // then loads its first weight chunks before waiting for the previous kernel (PDL), so a GEMV's
   // weight stream starts while the kernel before it finishes.
   bool w_static = false;
-  // Skinny path only: -1 takes gemm_skinny_variant(); 0, 1, 2 pick that variant for this call.
-  int32_t skinny_variant = -1;
 };
 
 enum class gemm_path : uint8_t { automatic, cublaslt, skinny };
@@ -58,9 +50,7 @@ class gemm_runner {
   /// Creates the handle and a workspace on the current device.
   kstatus init(uint64_t workspace_bytes = 32ull << 20);
   /// automatic: skinny for m = 1 (unless disabled) or whenever x_swiglu, cuBLASLt otherwise;
-  /// skinny takes m <= gemm_skinny_max_rows when asked for. Skinny variant 2 keeps its split
-  /// sums and tickets in this runner (from init(); without it, no split): calls through one
-  /// runner run in stream order, never on two streams at once.
+  /// skinny takes m <= gemm_skinny_max_rows when asked for.
   kstatus run(const gemm_params& p, cudaStream_t stream, gemm_path path = gemm_path::automatic);
 
  private:
