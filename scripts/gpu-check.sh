@@ -2,8 +2,8 @@
 # Everything the CUDA engine is checked and measured by, on the GPU machine, in one command:
 #   build -> kernel tests -> compute-sanitizer (memcheck, racecheck) -> engine tests ->
 #   random R1-Distill-Llama-8B checkpoint -> Hugging Face reference -> end-to-end comparison ->
-#   config/single-gpu.toml served end to end (scripts/gpu-pipeline.sh) -> benchmark (and the
-#   decode rows again per GEMV variant in GPU_CHECK_GEMV_VARIANTS) -> PyTorch peers -> summary table.
+#   config/single-gpu.toml served end to end (scripts/gpu-pipeline.sh) -> benchmark -> PyTorch
+#   peers -> summary table.
 # Run from the repository root (docs/cuda-engine.md gives the exact device call):
 #   scripts/gpu-check.sh                       all stages
 #   GPU_CHECK_STAGES=bench,peers scripts/gpu-check.sh
@@ -98,10 +98,6 @@ if has bench && fits bench 150; then
   if [ -n "$writer" ]; then wait "$writer"; fi
   [ -f "$CKPT/config.json" ] || run checkpoint 300 "$BUILD/tests/cuda_e2e" write "$CKPT"
   run bench 400 "$BUILD/bench/bench_cuda_engine" "$CKPT" "$OUT/bench.json" ${GPU_CHECK_BENCH_ARGS:-}
-  for v in ${GPU_CHECK_GEMV_VARIANTS:-}; do
-    fits "bench-v$v" 60 || continue
-    run "bench-v$v" 200 env DUET_GEMM_SKINNY_VARIANT=$v "$BUILD/bench/bench_cuda_engine" "$CKPT" "$OUT/bench-v$v.json" --decode-only
-  done
 fi
 if has peers && fits peers 360; then
   stage "PyTorch peers (shared/peers, same machine, same call)"

@@ -94,7 +94,7 @@ TEST_CASE(
   for (const std::string arch : {"llama", "qwen2"}) {
     INFO("arch " << arch);
     const auto dir = checkpoint(arch);
-    cpu_engine cpu(load_hf_model_shared(dir), cpu_engine_params{"t", 512, 16, 4096, 0});
+    cpu_engine cpu(load_hf_model_shared(dir), cpu_engine_params{"t", 512, 16, 4096, 0, {}});
     cuda_engine_params gp;
     gp.served_name = "t";
     gp.kv_blocks = 512;
