@@ -25,32 +25,62 @@ deploy() {  # deploy NAME MODEL_DIR ENGINE HTTP_PORT: config/single-gpu.toml wit
   echo "$BUILD/pipe-$1.toml"
 }
 
-serve() {  # serve NAME CONFIG PROMPTS MAX_NEW PORT: one line of greedy ids per prompt line
-  local name=$1 cfg=$2 prompts=$3 max_new=$4 port=$5
-  "$DUET" up --config "$cfg" >"$OUT/pipeline-$name.log" 2>&1 &
-  local pid=$! t0=$SECONDS ready=no
-  while [ $((SECONDS - t0)) -lt 240 ] && kill -0 $pid 2>/dev/null; do
-    if timeout 20 "$DUET" client --config "$cfg" --tokens 1,2,3 --ids --max-new-tokens 1 --timeout-ms 15000 \
-        >/dev/null 2>&1; then ready=yes; break; fi
+completion() {  # completion PORT < JSON body: one /v1/completions request (the body may be MBs of ids)
+  timeout 120 curl -s "127.0.0.1:$1/v1/completions" -H 'Content-Type: application/json' -d @-
+}
+
+start_up() {  # start_up NAME CONFIG: `duet up` in the background (pid in up_pid), until it serves (240 s at most)
+  "$DUET" up --config "$2" >"$OUT/pipeline-$1.log" 2>&1 &
+  up_pid=$!
+  local t0=$SECONDS
+  while [ $((SECONDS - t0)) -lt 240 ] && kill -0 $up_pid 2>/dev/null; do
+    if timeout 20 "$DUET" client --config "$2" --tokens 1,2,3 --ids --max-new-tokens 1 --timeout-ms 15000 \
+        >/dev/null 2>&1; then
+      echo "--- $1: ready after $((SECONDS - t0)) s"
+      return 0
+    fi
     sleep 2
   done
-  echo "--- $name: ready=$ready after $((SECONDS - t0)) s"
+  echo "--- $1: not ready after $((SECONDS - t0)) s"
+  tail -20 "$OUT/pipeline-$1.log"
+  return 1
+}
+
+stop_up() { kill $up_pid 2>/dev/null; wait $up_pid 2>/dev/null; }
+
+prepare_8b() {
+  # cuda_e2e writes no tokenizer; the pipeline's front end needs one, and its load check wants
+  # the tokenizer's eos (<|eot_id|>) among the model's (as the real checkpoint has): eos ids
+  # change no logit, so HF's reference stands.
+  [ -f "$CKPT/tokenizer.json" ] ||
+    cp tests/data/tokenizers/llama3_1/tokenizer.json tests/data/tokenizers/llama3_1/tokenizer_config.json "$CKPT/"
+  python3 - "$CKPT/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+eos = c.get("eos_token_id")
+eos = eos if isinstance(eos, list) else [eos]
+if 128009 not in eos:
+    c["eos_token_id"] = eos + [128009]
+    json.dump(c, open(sys.argv[1], "w"), indent=1)
+PY
+}
+
+serve() {  # serve NAME CONFIG PROMPTS MAX_NEW PORT: one line of greedy ids per prompt line
+  local name=$1 cfg=$2 prompts=$3 max_new=$4 port=$5
   : >"$OUT/pipeline-$name.tokens"
-  if [ $ready = yes ]; then
+  if start_up "$name" "$cfg"; then
     while read -r line; do
       timeout 120 "$DUET" client --config "$cfg" --tokens "$line" --ids --temperature 0 --max-new-tokens "$max_new" \
         --timeout-ms 100000 2>&1 | head -1 >>"$OUT/pipeline-$name.tokens"
     done <"$prompts"
-    timeout 30 curl -s "127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
-      -d '{"model":"r1-distill-llama-8b","prompt":"Hello","max_tokens":8,"temperature":0}' \
-      >"$OUT/pipeline-$name-http.json" 2>&1
+    echo '{"model":"r1-distill-llama-8b","prompt":"Hello","max_tokens":8,"temperature":0}' |
+      completion "$port" >"$OUT/pipeline-$name-http.json" 2>&1
     if [ "${LOGPROBS:-0}" = 1 ]; then
       # The same greedy requests over HTTP with the top-2 log-probabilities of every step.
       : >"$OUT/pipeline-$name-lp.jsonl"
       while read -r line; do
-        timeout 120 curl -s "127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
-          -d "{\"model\":\"r1-distill-llama-8b\",\"prompt\":[$line],\"max_tokens\":$max_new,\"temperature\":0,\"logprobs\":2}" \
-          >>"$OUT/pipeline-$name-lp.jsonl"
+        echo "{\"model\":\"r1-distill-llama-8b\",\"prompt\":[$line],\"max_tokens\":$max_new,\"temperature\":0,\"logprobs\":2}" |
+          completion "$port" >>"$OUT/pipeline-$name-lp.jsonl"
         echo >>"$OUT/pipeline-$name-lp.jsonl"
       done <"$prompts"
     fi
@@ -60,53 +90,37 @@ serve() {  # serve NAME CONFIG PROMPTS MAX_NEW PORT: one line of greedy ids per 
       "$OUT/pipeline-$name-stats.txt" | head -24
   else
     fail=1
-    tail -20 "$OUT/pipeline-$name.log"
   fi
-  kill $pid 2>/dev/null
-  wait $pid 2>/dev/null
+  stop_up
 }
 
 if [ -n "${HANDOVER_LENGTHS:-}" ]; then
   # Handover time against prompt length (docs/benchmarks.md, "KV handover"): one prompt per
   # length through the 8B pipeline; the decode worker's handover_us_same_pool grows by each
   # request's time from its pull to its KV in place.
+  prepare_8b
   cfg=$(deploy lengths "$PWD/$CKPT" cuda 8184)
-  [ -f "$CKPT/tokenizer.json" ] || cp tests/data/tokenizers/llama3_1/tokenizer.json tests/data/tokenizers/llama3_1/tokenizer_config.json "$CKPT/"
-  "$DUET" up --config "$cfg" >"$OUT/pipeline-lengths.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 120); do timeout 20 "$DUET" client --config "$cfg" --tokens 1,2,3 --ids --max-new-tokens 1 >/dev/null 2>&1 && break; sleep 2; done
+  start_up lengths "$cfg" || exit 1
   counter() { timeout 20 "$DUET" stats --config "$cfg" 2>/dev/null | awk -v k="$1" '$1 == k {s += $2} END {print s + 0}'; }
-  echo "| prompt tokens | KV bytes | handover µs (pull to KV in place) |" | tee "$OUT/handover-lengths.md"
+  echo "| prompt tokens | KV bytes (8B shape) | handover µs (pull to KV in place) |" | tee "$OUT/handover-lengths.md"
   echo "| --- | --- | --- |" | tee -a "$OUT/handover-lengths.md"
   for n in $HANDOVER_LENGTHS; do
     for rep in 1 2 3; do
       before=$(counter handover_us_same_pool)
-      # Over HTTP with the body in a file: 32K ids on a command line pass the kernel's 128 KiB per argument.
-      python3 -c "import json,random; r=random.Random($n*10+$rep); print(json.dumps({'model':'r1-distill-llama-8b','prompt':[r.randrange(128000) for _ in range($n)],'max_tokens':2,'temperature':0}))" >"$BUILD/pipe-len.json"
-      timeout 120 curl -s "127.0.0.1:8184/v1/completions" -H 'Content-Type: application/json' -d @"$BUILD/pipe-len.json" \
-        | head -c 200 >>"$OUT/pipeline-lengths-http.txt"
+      # Over HTTP, the body on stdin: 32K ids on a command line pass the kernel's 128 KiB per argument.
+      python3 -c "import json,random; r=random.Random($n*10+$rep); print(json.dumps({'model':'r1-distill-llama-8b','prompt':[r.randrange(128000) for _ in range($n)],'max_tokens':2,'temperature':0}))" |
+        completion 8184 | head -c 200 >>"$OUT/pipeline-lengths-http.txt"
       after=$(counter handover_us_same_pool)
       echo "| $n | $(( (n + 15) / 16 * 2 ))  MiB | $((after - before)) |" | tee -a "$OUT/handover-lengths.md"
     done
   done
   timeout 20 "$DUET" stats --config "$cfg" >"$OUT/pipeline-lengths-stats.txt" 2>&1
-  kill $pid 2>/dev/null; wait $pid 2>/dev/null
+  stop_up
   exit 0
 fi
 
-# 1. The 8B shape against HF. cuda_e2e writes no tokenizer; the pipeline's front end needs one,
-# and its load check wants the tokenizer's eos (<|eot_id|>) among the model's (as the real
-# checkpoint has): eos ids change no logit, so HF's reference stands.
-[ -f "$CKPT/tokenizer.json" ] || cp tests/data/tokenizers/llama3_1/tokenizer.json tests/data/tokenizers/llama3_1/tokenizer_config.json "$CKPT/"
-python3 - "$CKPT/config.json" <<'PY'
-import json, sys
-c = json.load(open(sys.argv[1]))
-eos = c.get("eos_token_id")
-eos = eos if isinstance(eos, list) else [eos]
-if 128009 not in eos:
-    c["eos_token_id"] = eos + [128009]
-    json.dump(c, open(sys.argv[1], "w"), indent=1)
-PY
+# 1. The 8B shape against HF.
+prepare_8b
 python3 -c "import json,sys; [print(','.join(map(str,p))) for p in json.load(open(sys.argv[1]))['prompts']]" \
   "$HFREF/ref.json" >"$BUILD/pipe-8b.prompts" || exit 1
 serve 8b "$(deploy 8b "$PWD/$CKPT" cuda 8181)" "$BUILD/pipe-8b.prompts" 65 8181
