@@ -51,31 +51,24 @@ std::vector<uint32_t> kv_arena::allocate(uint32_t member, uint32_t blocks) {
 }
 
 kv_arena::free_result kv_arena::free(uint32_t member, std::span<const uint32_t> blocks) {
-  std::lock_guard lock(mutex_);
-  auto& free = members_.at(member).free;
-  free_result r;
-  for (uint32_t id : blocks) {
-    if (id >= owner_.size() || owner_[id] != member || !in_use_[id]) {
-      ++r.invalid;
-    } else {
-      in_use_[id] = 0;
-      lent_[id] = 0;
-      free.push_back(id);
-      ++r.freed;
-    }
-  }
-  return r;
+  return release(member, blocks, std::nullopt);
 }
 
 kv_arena::free_result kv_arena::free_lent(uint32_t member, std::span<const uint32_t> blocks, uint64_t handle) {
+  return release(member, blocks, handle);
+}
+
+kv_arena::free_result kv_arena::release(uint32_t member, std::span<const uint32_t> blocks,
+                                        std::optional<uint64_t> handle) {
   std::lock_guard lock(mutex_);
   auto& free = members_.at(member).free;
   free_result r;
   for (uint32_t id : blocks) {
-    if (id >= owner_.size()) {
+    const bool mine = id < owner_.size() && owner_[id] == member && in_use_[id];
+    if (id < owner_.size() && handle && (!mine || lent_[id] != *handle)) {
+      ++r.moved;  // no longer lent under the handle: an adopter's now, or back here for another use
+    } else if (!mine) {
       ++r.invalid;
-    } else if (owner_[id] != member || !in_use_[id] || lent_[id] != handle) {
-      ++r.moved;
     } else {
       in_use_[id] = 0;
       lent_[id] = 0;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -49,6 +50,8 @@ class kv_arena {
 
  private:
   static constexpr uint32_t no_owner = UINT32_MAX;
+  /// free (no handle) and free_lent (handle): one loop.
+  free_result release(uint32_t member, std::span<const uint32_t> blocks, std::optional<uint64_t> handle);
   struct member_state {
     std::vector<uint32_t> free;  // stack of free block ids
     uint32_t blocks = 0;
