@@ -1154,7 +1154,9 @@ int main(int argc, char** argv) {
     const int rc = app.exit(e);  // prints help, the version, or the error
     return rc == 0 ? 0 : 2;
   }
-  install_signal_handlers();
+  // Only the commands that serve until told to stop poll stop_requested; every other command
+  // keeps the default action of SIGINT and SIGTERM (Ctrl-C, `timeout`) and ends at once.
+  if (*up || *node_cmd || *demo) install_signal_handlers();
   try {
     if (*up) return run_up(config_path, up_engine, threads, http, api_key);
     if (*node_cmd) return run_node(config_path, node_name, http, api_key);

@@ -506,6 +506,20 @@ TEST_CASE(
 
 // ------------------------------------------------------------------ duet bench engine
 
+TEST_CASE("a command that does not serve ends at SIGTERM: bench serve waiting for a deployment that never answers") {
+  testing::child_process bench({testing::duet_binary(), "bench", "serve", "--url", "http://127.0.0.1:1", "--wait",
+                                "60", "--trace", "synthetic:poisson", "--out",
+                                (std::filesystem::temp_directory_path() / "duet-sigterm-bench").string()});
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  REQUIRE(bench.running());  // still waiting (60 s allowed)
+  const auto t0 = std::chrono::steady_clock::now();
+  const int status = bench.stop();  // SIGTERM; SIGKILL only after 5 s
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGTERM);
+  CHECK(took < 4.0);
+}
+
 TEST_CASE("duet bench engine times prefill and decode rows on the cpu engine and refuses bad rows") {
   temp_dir dir;
   const fs::path model = dir.path / "tiny";
