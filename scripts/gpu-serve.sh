@@ -293,13 +293,13 @@ warm_up() {  # warm_up NAME SLOT WAIT_S: wait for the deployment, then 8 short r
     --trace synthetic:poisson:rate=8,count=8,in=1024,out=16,seed=1 --wait "$wait" --time-limit 15 \
     --name "$name-warmup" --out "$RUNS/$name-warmup" >"$RUNS/$name-warmup.log" 2>&1 &
   w=$!
-  # Bounded here, not by timeout(1): bench serve sits out SIGTERM while it waits for the deployment.
-  # A deployment that exits (a CUDA error, say) ends the wait at once.
+  # Watched here rather than by timeout(1) alone: a deployment that exits (a CUDA error, say)
+  # ends the wait at once instead of after the whole --wait.
   while kill -0 "$w" 2>/dev/null; do
     if ! kill -0 "$UP" 2>/dev/null; then
-      echo "--- $name: duet up exited"; tail -5 "$RUNS/$name.up.log"; kill -KILL "$w" 2>/dev/null; break
+      echo "--- $name: duet up exited"; tail -5 "$RUNS/$name.up.log"; kill -TERM "$w" 2>/dev/null; break
     elif [ $((SECONDS - t0)) -gt $((wait + 20)) ]; then
-      echo "--- $name: warm-up not done after $((wait + 20)) s"; kill -KILL "$w" 2>/dev/null; break
+      echo "--- $name: warm-up not done after $((wait + 20)) s"; kill -TERM "$w" 2>/dev/null; break
     fi
     sleep 1
   done
