@@ -73,7 +73,6 @@ kv_arena::free_result kv_arena::release(uint32_t member, std::span<const uint32_
       in_use_[id] = 0;
       lent_[id] = 0;
       free.push_back(id);
-      ++r.freed;
     }
   }
   return r;

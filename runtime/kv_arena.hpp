@@ -29,7 +29,6 @@ class kv_arena {
   [[nodiscard]] std::vector<uint32_t> allocate(uint32_t member, uint32_t blocks);
 
   struct free_result {
-    uint32_t freed = 0;
     uint32_t invalid = 0;  // free already, another member's, or out of range: an invariant violation
     uint32_t moved = 0;    // free_lent: no longer lent under the handle (moved to an adopter)
   };
