@@ -102,7 +102,7 @@ duet_actor::behavior_type router_behavior(duet_actor::stateful_pointer<router_st
           using M = std::decay_t<decltype(m)>;
           if constexpr (std::is_same_v<M, msg::submit>) core.on_submit(env, m, now);
           else if constexpr (std::is_same_v<M, msg::cancel>) core.on_cancel(env, m);
-          else if constexpr (std::is_same_v<M, msg::prefill_done>) core.on_prefill_done(m);
+          else if constexpr (std::is_same_v<M, msg::prefill_done>) core.on_prefill_done(m, now);
           else if constexpr (std::is_same_v<M, msg::stage_failed>) core.on_stage_failed(env.src, m);
           else if constexpr (std::is_same_v<M, msg::request_done>) core.on_request_done(m);
           else if constexpr (std::is_same_v<M, msg::load_report>) core.on_load(env.src, m, now);
@@ -213,7 +213,7 @@ struct prefill_role : worker_state<prefill_core> {
   static void on(prefill_core& core, const msg::envelope& env, M& m, int64_t now) {
     if constexpr (std::is_same_v<M, msg::prefill_request>) core.on_request(env, m, now);
     else if constexpr (std::is_same_v<M, msg::cancel_seq>) core.on_cancel(m);
-    else if constexpr (std::is_same_v<M, msg::kv_registered>) core.on_registered(m);
+    else if constexpr (std::is_same_v<M, msg::kv_registered>) core.on_registered(m, now);
     else if constexpr (std::is_same_v<M, msg::kv_release>) core.on_release(m);
     else if constexpr (std::is_same_v<M, msg::kv_send>) core.on_kv_send(env.src, m);
     else if constexpr (std::is_same_v<M, msg::kv_chunk_ack>) core.on_chunk_ack(env.src, m);

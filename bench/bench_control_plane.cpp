@@ -224,7 +224,7 @@ class pumped_cluster {
             else if constexpr (std::is_same_v<M, msg::cancel>)
               router_.on_cancel(e, body);
             else if constexpr (std::is_same_v<M, msg::prefill_done>)
-              router_.on_prefill_done(body);
+              router_.on_prefill_done(body, now_);
             else if constexpr (std::is_same_v<M, msg::stage_failed>)
               router_.on_stage_failed(e.src, body);
             else if constexpr (std::is_same_v<M, msg::request_done>)
@@ -260,7 +260,7 @@ class pumped_cluster {
             else if constexpr (std::is_same_v<M, msg::cancel_seq>)
               prefill_.on_cancel(body);
             else if constexpr (std::is_same_v<M, msg::kv_registered>)
-              prefill_.on_registered(body);
+              prefill_.on_registered(body, now_);
             else if constexpr (std::is_same_v<M, msg::kv_release>)
               prefill_.on_release(body);
           });

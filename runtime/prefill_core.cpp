@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include "runtime/hop_stats.hpp"
 #include "runtime/kv_pool_share.hpp"
 
 namespace duet {
@@ -41,6 +42,7 @@ void prefill_core::on_request(const msg::envelope& env, const msg::prefill_reque
   j.tokens = m.tokens;
   j.sampling = m.sampling;
   j.deadline_ms = env.deadline_ms;
+  j.accepted_ms = now_ms;
   jobs_.emplace(m.seq_id, std::move(j));
   queue_.push_back(m.seq_id);
   ++counters_["accepted"];
@@ -63,6 +65,8 @@ std::optional<std::chrono::nanoseconds> prefill_core::begin_step(int64_t now_ms)
       if (!pool_.can_allocate(need)) break;  // FCFS: later prompts wait behind this one
       j.blocks = pool_.allocate(need);
       j.state = prefill_state::running;
+      j.started_ms = now_ms;
+      record_hop(counters_, "queue", (now_ms - j.accepted_ms) * 1000);
     }
     const uint32_t remaining = static_cast<uint32_t>(j.tokens.size()) - j.done;
     const uint32_t take = std::min(remaining, budget);
@@ -94,6 +98,8 @@ void prefill_core::finish_step(int64_t now_ms) {
     }
     if (!p.last) continue;
     std::erase(queue_, j.seq_id);
+    j.computed_ms = now_ms;
+    record_hop(counters_, "compute", (now_ms - j.started_ms) * 1000);
     j.first_token = token;
     if (logprobs != nullptr) j.first_logprobs = *logprobs;
     j.state = prefill_state::registering;
@@ -125,7 +131,7 @@ void prefill_core::finish_step(int64_t now_ms) {
   in_flight_output_ = {};
 }
 
-void prefill_core::on_registered(const msg::kv_registered& m) {
+void prefill_core::on_registered(const msg::kv_registered& m, int64_t now_ms) {
   unacked_.erase(m.handle_id);
   auto it = jobs_.find(m.handle_id);
   if (it != jobs_.end() && it->second.state == prefill_state::handed_over) {
@@ -140,6 +146,7 @@ void prefill_core::on_registered(const msg::kv_registered& m) {
   }
   job& j = it->second;
   j.state = prefill_state::handed_over;
+  record_hop(counters_, "register", (now_ms - j.computed_ms) * 1000);
   j.wait_until_ms = m.lease_expiry_ms + settings_.lease_grace_ms;
   if (j.cancelled) {
     out_.send(settings_.broker, msg::kv_drop{j.seq_id, "cancelled during registration"});

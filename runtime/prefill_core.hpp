@@ -47,7 +47,7 @@ class prefill_core {
 
   void on_request(const msg::envelope& env, const msg::prefill_request& m, int64_t now_ms);
   void on_cancel(const msg::cancel_seq& m);
-  void on_registered(const msg::kv_registered& m);
+  void on_registered(const msg::kv_registered& m, int64_t now_ms);
   void on_release(const msg::kv_release& m);
   /// The broker chose the stream path: send this handle's blocks to the adopter.
   void on_kv_send(const std::string& from, const msg::kv_send& m);
@@ -80,6 +80,8 @@ class prefill_core {
     int32_t first_token = 0;
     std::optional<msg::token_logprobs> first_logprobs;  // when the request asked
     int64_t wait_until_ms = 0;  // registering: ack timeout; handed_over: lease + grace
+    // The TTFT hop breakdown (hop_stats.hpp): accepted, first chunk's step began, last one ended.
+    int64_t accepted_ms = 0, started_ms = 0, computed_ms = 0;
   };
   struct planned {
     uint64_t seq_id;

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <limits>
 
+#include "runtime/clock.hpp"
+#include "runtime/hop_stats.hpp"
+
 namespace duet {
 
 router_core::router_core(std::string self, router_settings settings, text_encoder encode)
@@ -58,7 +61,11 @@ void router_core::on_submit(const msg::envelope& env, const msg::submit& m, int6
     return reject(client, m.request_id, msg::error_code::bad_request, "request id already in flight");
   }
   std::vector<int32_t> prompt = m.prompt_tokens;
-  if (prompt.empty() && !m.prompt.empty()) prompt = encode_(m.prompt);
+  if (prompt.empty() && !m.prompt.empty()) {
+    const auto t0 = steady::now();
+    prompt = encode_(m.prompt);
+    record_hop(counters_, "encode", std::chrono::duration_cast<std::chrono::microseconds>(steady::now() - t0).count());
+  }
   if (prompt.empty()) return reject(client, m.request_id, msg::error_code::bad_request, "the prompt is empty");
   if (m.sampling.max_new_tokens == 0 || m.sampling.max_new_tokens > settings_.max_new_tokens_limit) {
     return reject(client, m.request_id, msg::error_code::bad_request,
@@ -85,6 +92,7 @@ void router_core::on_submit(const msg::envelope& env, const msg::submit& m, int6
   r.prompt = std::move(prompt);
   r.sampling = m.sampling;
   r.deadline_ms = env.deadline_ms > 0 ? env.deadline_ms : now_ms + settings_.request_timeout_ms;
+  r.submitted_ms = now_ms;
   r.prefill = prefill;
   r.decode = decode;
   ++workers_[prefill].outstanding;
@@ -108,7 +116,7 @@ void router_core::on_cancel(const msg::envelope& env, const msg::cancel& m) {
             msg::cancel_seq{r.seq_id, msg::finish_reason::cancelled});
 }
 
-void router_core::on_prefill_done(const msg::prefill_done& m) {
+void router_core::on_prefill_done(const msg::prefill_done& m, int64_t now_ms) {
   auto it = requests_.find(m.seq_id);
   if (it == requests_.end() || it->second.state != request_state::prefilling) {
     // We answered already (gave up or cancelled): nobody will adopt this KV.
@@ -118,6 +126,7 @@ void router_core::on_prefill_done(const msg::prefill_done& m) {
   }
   request& r = it->second;
   r.handle_id = m.handle_id;
+  record_hop(counters_, "ttft", (now_ms - r.submitted_ms) * 1000);
   --workers_[r.prefill].outstanding;
   msg::token_batch first;
   msg::token_batch_push(first, r.request_id, m.first_token, 0, m.has_first_logprobs ? &m.first_logprobs : nullptr);

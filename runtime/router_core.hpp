@@ -39,7 +39,7 @@ class router_core {
 
   void on_submit(const msg::envelope& env, const msg::submit& m, int64_t now_ms);
   void on_cancel(const msg::envelope& env, const msg::cancel& m);
-  void on_prefill_done(const msg::prefill_done& m);
+  void on_prefill_done(const msg::prefill_done& m, int64_t now_ms);
   void on_stage_failed(const std::string& from, const msg::stage_failed& m);
   void on_request_done(const msg::request_done& m);
   void on_load(const std::string& from, const msg::load_report& m, int64_t now_ms);
@@ -61,6 +61,7 @@ class router_core {
     std::vector<int32_t> prompt;
     msg::sampling_params sampling;
     int64_t deadline_ms = 0;
+    int64_t submitted_ms = 0;  // for the TTFT hop breakdown (hop_stats.hpp)
     std::string prefill;
     std::string decode;
     uint64_t handle_id = 0;

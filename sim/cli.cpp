@@ -16,6 +16,7 @@
 #include "runtime/config.hpp"
 #include "runtime/engine_bench.hpp"
 #include "runtime/gpu_catalog.hpp"
+#include "runtime/hop_stats.hpp"
 #include "runtime/http_frontend.hpp"
 #include "sim/deployment_spec.hpp"
 #include "sim/event_sim.hpp"
@@ -440,6 +441,75 @@ int run_bench_engine(const sim_commands::state& s) {
   return 0;
 }
 
+/// Every actor's counters summed per role, named as the simulator names them
+/// ("router.hop_ttft_us"). Empty when some actor does not answer within the timeout.
+std::map<std::string, uint64_t> deployment_counters(const deployment_config& config) {
+  const auto router = find_router(config);
+  std::vector<std::string> actors;
+  std::map<std::string, std::string> role_of;
+  for (const auto& n : config.nodes) {
+    for (const auto& a : n.actors) {
+      actors.push_back(n.name + "/" + a.name);
+      role_of[actors.back()] = std::string(to_string(a.role));
+    }
+  }
+  client c(router.endpoint, router.address);
+  const auto replies = c.stats(actors, std::chrono::milliseconds(3000));
+  std::map<std::string, uint64_t> out;
+  if (replies.size() != actors.size()) return out;
+  for (const auto& r : replies) {
+    for (const auto& [k, v] : r.counters) out[role_of[r.actor] + "." + k] += v;
+  }
+  return out;
+}
+
+/// The hop counters of `after` less those of `before`: one replay's share of a deployment
+/// that served requests (a warm-up, an earlier run) before it.
+std::map<std::string, uint64_t> hop_delta(const std::map<std::string, uint64_t>& before,
+                                          const std::map<std::string, uint64_t>& after) {
+  std::map<std::string, uint64_t> out;
+  for (const auto& [k, v] : after) {
+    if (k.find(".hop_") == std::string::npos) continue;
+    const auto b = before.find(k);
+    out[k] = v - (b == before.end() ? 0 : std::min(b->second, v));
+  }
+  return out;
+}
+
+/// The TTFT hop means of one run (ms; -1 where not recorded), and what the client saw
+/// beyond the router's own submit-to-first-token: HTTP or ZeroMQ, the front end, the client.
+nlohmann::json ttft_hops_json(const std::map<std::string, uint64_t>& counters, double client_ttft_mean_ms) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& hop : ttft_hops()) j[hop.counter] = hop_mean_ms(counters, hop.counter);
+  const double router_ms = hop_mean_ms(counters, "router.hop_ttft");
+  const auto n = counters.find("router.hop_ttft_count");
+  j["requests"] = n == counters.end() ? 0 : n->second;
+  j["client_ttft"] = client_ttft_mean_ms;
+  j["outside_router"] = router_ms < 0 ? -1.0 : client_ttft_mean_ms - router_ms;
+  return j;
+}
+
+/// Live and simulated TTFT means hop by hop, so a miss is found where it happens.
+std::string format_hop_table(const nlohmann::json& live, const std::vector<std::pair<std::string, nlohmann::json>>& sims) {
+  std::string out = "\nTTFT by hop, mean ms (live";
+  for (const auto& [name, j] : sims) out += " / " + name;
+  out += "):\n";
+  auto row = [&](const std::string& key, const std::string& what) {
+    char line[160];
+    std::snprintf(line, sizeof line, "  %-62s %9.1f", what.c_str(), live.value(key, -1.0));
+    out += line;
+    for (const auto& [name, j] : sims) {
+      std::snprintf(line, sizeof line, " / %9.1f", j.value(key, -1.0));
+      out += line;
+    }
+    out += "\n";
+  };
+  for (const auto& hop : ttft_hops()) row(hop.counter, hop.what);
+  row("outside_router", "client: beyond the router (front end, sockets, client)");
+  row("client_ttft", "client: TTFT");
+  return out;
+}
+
 int run_bench_serve(const sim_commands::state& s) {
   std::optional<deployment_config> loaded;
   if (!s.config_path.empty()) loaded = load_config(s.config_path);
@@ -458,12 +528,23 @@ int run_bench_serve(const sim_commands::state& s) {
   std::fflush(stdout);
 
   std::vector<request_record> records;
+  // The deployment's hop counters around the replay (with --config): TTFT by hop.
+  std::map<std::string, uint64_t> counters_before;
+  const auto snapshot = [&] {
+    try {
+      return loaded ? deployment_counters(*loaded) : std::map<std::string, uint64_t>{};
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "duet bench serve: no deployment counters: %s\n", e.what());
+      return std::map<std::string, uint64_t>{};
+    }
+  };
   const double t0 = std::chrono::duration<double>(steady::now().time_since_epoch()).count();
   if (target.http) {
     raise_fd_limit();
     http_replay_options o;
     const std::string served = wait_for_http_model(target.web, s.api_key, wait);
     o.model = s.model.empty() ? served : s.model;
+    counters_before = snapshot();
     o.api_key = s.api_key;
     o.temperature = s.temperature;
     o.prompt_vocab = s.prompt_vocab;
@@ -480,6 +561,7 @@ int run_bench_serve(const sim_commands::state& s) {
       throw std::runtime_error("the router " + target.router + " at " + target.endpoint +
                                " reported no ready prefill and decode workers within " +
                                std::to_string(wait.count() / 1000) + " s");
+    counters_before = snapshot();
     live_replay_options o;
     o.timeout = timeout;
     o.prompt_vocab = s.prompt_vocab;
@@ -492,6 +574,7 @@ int run_bench_serve(const sim_commands::state& s) {
   }
   const double wall_s = std::chrono::duration<double>(steady::now().time_since_epoch()).count() - t0;
   if (tty) std::fprintf(stderr, "\r%*s\r", 60, "");
+  const auto counters_after = snapshot();
 
   std::vector<report_run> runs;
   runs.push_back(make_report_run(s.run_name, std::move(records), slo));
@@ -504,6 +587,11 @@ int run_bench_serve(const sim_commands::state& s) {
   bench_json["wall_s"] = wall_s;
   bench_json["time_limit_s"] = limit_s;
   bench_json["simulated"] = nlohmann::json::array();
+  const auto ms = [](const report_run& r) { return r.summary.ttft_s.mean * 1e3; };
+  if (!counters_after.empty()) {
+    bench_json["ttft_hops"] = ttft_hops_json(hop_delta(counters_before, counters_after), ms(runs[0]));
+  }
+  std::vector<std::pair<std::string, nlohmann::json>> sim_hops;
   // The simulator on the same trace, for the side-by-side report (fidelity, issue 9).
   if (!s.sim_deployments.empty()) {
     const std::string gpu = s.gpu.empty() ? config.engine.gpu : s.gpu;
@@ -514,6 +602,8 @@ int run_bench_serve(const sim_commands::state& s) {
       auto result = run_simulation(config, d, trace, options);
       bench_json["simulated"].push_back(run_json(result, describe(d)));
       runs.push_back(make_report_run(d.name, std::move(result.records), slo, std::move(result.series)));
+      sim_hops.emplace_back(d.name, ttft_hops_json(result.counters, ms(runs.back())));
+      bench_json["simulated"].back()["ttft_hops"] = sim_hops.back().second;
     }
   }
   if (runs.size() == 1) {
@@ -523,6 +613,7 @@ int run_bench_serve(const sim_commands::state& s) {
     for (const auto& r : runs) table.emplace_back(r.name, r.summary);
     std::printf("%s", format_comparison_table(table).c_str());
   }
+  if (bench_json.contains("ttft_hops")) std::printf("%s", format_hop_table(bench_json["ttft_hops"], sim_hops).c_str());
   report_options ro;
   ro.title = s.title.empty() ? "duet bench serve: " + s.run_name : s.title;
   ro.subtitle = trace_line(s, trace) + "; target " + target.label;

@@ -562,7 +562,7 @@ class event_sim {
         else if constexpr (std::is_same_v<M, msg::cancel>)
           core.on_cancel(en, m);
         else if constexpr (std::is_same_v<M, msg::prefill_done>)
-          core.on_prefill_done(m);
+          core.on_prefill_done(m, now);
         else if constexpr (std::is_same_v<M, msg::stage_failed>)
           core.on_stage_failed(en.src, m);
         else if constexpr (std::is_same_v<M, msg::request_done>)
@@ -606,7 +606,7 @@ class event_sim {
         else if constexpr (std::is_same_v<M, msg::cancel_seq>)
           core.on_cancel(m);
         else if constexpr (std::is_same_v<M, msg::kv_registered>)
-          core.on_registered(m);
+          core.on_registered(m, now);
         else if constexpr (std::is_same_v<M, msg::kv_release>) {
           handles_.erase(m.handle_id);
           core.on_release(m);

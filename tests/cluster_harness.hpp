@@ -661,7 +661,7 @@ class cluster {
           using M = std::decay_t<decltype(m)>;
           if constexpr (std::is_same_v<M, msg::submit>) core.on_submit(e, m, now);
           else if constexpr (std::is_same_v<M, msg::cancel>) core.on_cancel(e, m);
-          else if constexpr (std::is_same_v<M, msg::prefill_done>) core.on_prefill_done(m);
+          else if constexpr (std::is_same_v<M, msg::prefill_done>) core.on_prefill_done(m, now);
           else if constexpr (std::is_same_v<M, msg::stage_failed>) core.on_stage_failed(e.src, m);
           else if constexpr (std::is_same_v<M, msg::request_done>) core.on_request_done(m);
           else if constexpr (std::is_same_v<M, msg::load_report>) core.on_load(e.src, m, now);
@@ -691,7 +691,7 @@ class cluster {
           using M = std::decay_t<decltype(m)>;
           if constexpr (std::is_same_v<M, msg::prefill_request>) core.on_request(e, m, now);
           else if constexpr (std::is_same_v<M, msg::cancel_seq>) core.on_cancel(m);
-          else if constexpr (std::is_same_v<M, msg::kv_registered>) core.on_registered(m);
+          else if constexpr (std::is_same_v<M, msg::kv_registered>) core.on_registered(m, now);
           else if constexpr (std::is_same_v<M, msg::kv_release>) core.on_release(m);
           else if constexpr (std::is_same_v<M, msg::kv_send>) core.on_kv_send(e.src, m);
           else if constexpr (std::is_same_v<M, msg::kv_chunk_ack>) core.on_chunk_ack(e.src, m);

@@ -24,6 +24,7 @@
 #include "runtime/random_checkpoint.hpp"
 #include "runtime/decode_core.hpp"
 #include "runtime/model_shape.hpp"
+#include "runtime/hop_stats.hpp"
 #include "runtime/prefill_core.hpp"
 #include "runtime/router_core.hpp"
 #include "runtime/sim_engine.hpp"
@@ -606,7 +607,7 @@ struct router_fixture {
     m.first_token = first_token;
     m.prompt_tokens = 3;
     m.layout_hash = 77;
-    core->on_prefill_done(m);
+    core->on_prefill_done(m, now);
     return core->out().take();
   }
   /// Moves the clock to `at` and runs the router's timer; live workers report their load
@@ -677,6 +678,25 @@ TEST_CASE("the router encodes a text prompt when no tokens are given") {
   auto requests = messages_of<msg::prefill_request>(sent);
   REQUIRE(requests.size() == 1);
   CHECK(requests[0].body.tokens == std::vector<int32_t>{'h', 'e', 'y'});
+}
+
+TEST_CASE("the router records submit to prefill_done and the time it spent tokenizing") {
+  router_fixture r;
+  msg::submit m;
+  m.request_id = 1;
+  m.prompt = "hey";
+  r.core->on_submit(from(client_a), m, r.now);
+  (void)r.submit(2, {1, 2, 3});  // token ids: nothing to encode
+  (void)r.core->out().take();
+  r.now += 120;
+  (void)r.prefill_done(1);
+  r.now += 30;
+  (void)r.prefill_done(2);
+  const auto& c = r.core->counters();
+  CHECK(c.at("hop_ttft_count") == 2);
+  CHECK(c.at("hop_ttft_us") == (120 + 150) * 1000);
+  CHECK(c.at("hop_encode_count") == 1);
+  CHECK(c.at("hop_encode_us") < 1000000);
 }
 
 TEST_CASE("the router refuses with overloaded and a retry hint when the queue is full") {
@@ -1073,7 +1093,7 @@ struct prefill_fixture {
   }
   std::vector<outgoing> take() { return core.out().take(); }
   std::vector<outgoing> registered(uint64_t seq, int64_t lease_expiry_ms) {
-    core.on_registered(msg::kv_registered{seq, lease_expiry_ms});
+    core.on_registered(msg::kv_registered{seq, lease_expiry_ms}, now);
     return take();
   }
   std::vector<outgoing> release(uint64_t seq) {
@@ -1237,6 +1257,29 @@ TEST_CASE("a prompt the pool or the context cannot hold is refused at once") {
   CHECK(p.core.counters().at("refused") == 3);
   CHECK(p.step());
   CHECK(p.core.pool().free_blocks() == 0);
+}
+
+TEST_CASE("prefill records each prompt's queue, compute and registration hops") {
+  prefill_fixture p(prefill_fixture::settings_with(1024, 2048));
+  (void)p.request(1, prompt_of(3000));  // two chunks: 2048 then 952
+  p.now += 40;                           // waits 40 ms for a step
+  CHECK(p.step());
+  p.now += 25;
+  (void)p.request(2, prompt_of(100));  // joins the second step at once
+  REQUIRE(p.core.begin_step(p.now));
+  p.now += 15;  // the second step takes 15 ms
+  p.core.finish_step(p.now);
+  (void)p.take();
+  p.now += 7;
+  (void)p.registered(1, p.now + 10000);
+  p.now += 3;
+  (void)p.registered(2, p.now + 10000);
+  const auto c = p.core.counters();
+  CHECK(c.at("hop_queue_count") == 2);
+  CHECK(c.at("hop_queue_us") == (40 + 0) * 1000);     // 1 waited 40 ms, 2 none
+  CHECK(c.at("hop_compute_us") == (40 + 15) * 1000);  // 1: two steps (25 + 15), 2: the 15 ms step
+  CHECK(c.at("hop_register_us") == (7 + 10) * 1000);
+  CHECK(duet::hop_mean_ms(c, "hop_compute") == doctest::Approx(27.5));
 }
 
 TEST_CASE("a duplicate prefill request is ignored") {

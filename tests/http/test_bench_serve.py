@@ -203,6 +203,23 @@ def test_simulated_deployment_beside_live(deployment, http_run):
     assert sorted(r["run"] for r in requests) == sorted(names * TRACE_REQUESTS)
     l, s = live["tpot_s"]["p50"], sim["tpot_s"]["p50"]
     assert close(l, s, 0.20), f"TPOT P50: live {l * 1e3:.2f} ms, simulated {s * 1e3:.2f} ms"
+    check_ttft_hops(summary)
+
+
+def check_ttft_hops(summary):
+    """TTFT by hop: this replay's share of the deployment's counters (earlier tests' requests
+    left out), hops that fit inside the router's span, and the modelled compute on both sides."""
+    hops = summary["bench"]["ttft_hops"]
+    sim = summary["bench"]["simulated"][0]["ttft_hops"]
+    assert hops["requests"] == TRACE_REQUESTS, hops
+    assert sim["requests"] == TRACE_REQUESTS, sim
+    for h in (hops, sim):
+        inner = h["prefill.hop_queue"] + h["prefill.hop_compute"] + h["prefill.hop_register"]
+        assert 0 < h["prefill.hop_compute"] and inner <= h["router.hop_ttft"] + 1.0, h
+        assert h["router.hop_ttft"] <= h["client_ttft"] + 1.0, h
+    assert close(hops["prefill.hop_compute"], sim["prefill.hop_compute"], 0.25), (hops, sim)
+    # bench serve sends token ids: nothing to tokenize on either side
+    assert hops["router.hop_encode"] == -1 and sim["router.hop_encode"] == -1, (hops, sim)
 
 
 def run_locust(d, out):
