@@ -350,6 +350,27 @@ for name in ("conv3-colocated", "conv3-pd-streams", "conv3-pd-streams-repeat"):
                  f'{cell("ttft_s", "p99", ".0f")} | {cell("itl_s", "p50", ".1f")} | {cell("itl_s", "p99", ".1f")} | '
                  f'{cell("tpot_s", "p99", ".1f")} | {good} |')
 
+hop_rows = [("router.hop_encode", "router: tokenize"), ("prefill.hop_queue", "prefill: queue"),
+            ("prefill.hop_compute", "prefill: first chunk to last"), ("prefill.hop_register", "prefill: broker ack"),
+            ("router.hop_ttft", "router: submit to prefill_done"), ("outside_router", "beyond the router"),
+            ("client_ttft", "client TTFT")]
+hop_runs = []
+for name in report["runs"]:
+    summary = load(runs / name / "summary.json")
+    live = summary.get("bench", {}).get("ttft_hops")
+    sims = summary.get("bench", {}).get("simulated") or [{}]
+    if live:
+        hop_runs.append((name, live, sims[0].get("ttft_hops")))
+        report["runs"][name]["ttft_hops"] = {"live": live, "sim": sims[0].get("ttft_hops")}
+if hop_runs:
+    lines += ["", "TTFT by hop, mean ms, live / simulated (-1: not recorded; bench serve sends token ids, so "
+              "nothing is tokenized):", "", "| hop | " + " | ".join(n for n, _, _ in hop_runs) + " |",
+              "| --- |" + " --- |" * len(hop_runs)]
+    for key, label in hop_rows:
+        cells = [f'{live.get(key, -1):.1f} / {sim.get(key, -1):.1f}' if sim else f'{live.get(key, -1):.1f}'
+                 for _, live, sim in hop_runs]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+
 lines += ["", "The same deployments on 2026-11-29 (docs/data/h200-serve, engine of then, conversation 0-180 s x3, no warm-up), live:",
           "", "| run | TTFT P50 / P99 ms | ITL P50 / P99 ms | TPOT P99 ms |", "| --- | --- | --- | --- |"]
 for old, new in (("conv-colocated", "conv3-colocated"), ("conv-pd-streams", "conv3-pd-streams")):
