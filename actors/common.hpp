@@ -13,6 +13,9 @@ namespace duet {
 struct inbound {
   msg::envelope env;
   msg::frames frames;
+  // When the node handed it to the actor (unix ms): an actor busy with a synchronous engine
+  // step reads its mailbox late, and a prompt's queue time starts here, not at the read.
+  int64_t received_ms = 0;
 };
 
 }  // namespace duet

@@ -1,5 +1,6 @@
 #include "actors/node.hpp"
 
+#include "runtime/clock.hpp"
 #include "runtime/compat.hpp"
 
 namespace duet {
@@ -35,7 +36,7 @@ node::node(caf::actor_system& system, const deployment_config& config, const std
       ++unknown_actor_;
       return;
     }
-    caf::anon_send(it->second, inbound{std::move(env), std::move(frames)});
+    caf::anon_send(it->second, inbound{std::move(env), std::move(frames), unix_ms()});
   });
   for (const auto& a : self->actors) {
     actor_context context{name + "/" + a.name, &config, &a, net_.get(), engines[a.name], timing};

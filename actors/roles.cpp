@@ -1,5 +1,6 @@
 #include "actors/roles.hpp"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "messages/dispatch.hpp"
@@ -210,8 +211,8 @@ struct prefill_role : worker_state<prefill_core> {
     return std::make_unique<prefill_core>(context.address, settings, *context.compute);
   }
   template <class M>
-  static void on(prefill_core& core, const msg::envelope& env, M& m, int64_t now) {
-    if constexpr (std::is_same_v<M, msg::prefill_request>) core.on_request(env, m, now);
+  static void on(prefill_core& core, const msg::envelope& env, M& m, int64_t now, int64_t received) {
+    if constexpr (std::is_same_v<M, msg::prefill_request>) core.on_request(env, m, now, received);
     else if constexpr (std::is_same_v<M, msg::cancel_seq>) core.on_cancel(m);
     else if constexpr (std::is_same_v<M, msg::kv_registered>) core.on_registered(m, now);
     else if constexpr (std::is_same_v<M, msg::kv_release>) core.on_release(m);
@@ -236,7 +237,7 @@ struct decode_role : worker_state<decode_core> {
     return std::make_unique<decode_core>(context.address, settings, *context.compute);
   }
   template <class M>
-  static void on(decode_core& core, const msg::envelope& env, M& m, int64_t now) {
+  static void on(decode_core& core, const msg::envelope& env, M& m, int64_t now, int64_t /*received*/) {
     if constexpr (std::is_same_v<M, msg::kv_adopt>) core.on_adopt(env, m, now);
     else if constexpr (std::is_same_v<M, msg::kv_moved>) core.on_moved(m, now);
     else if constexpr (std::is_same_v<M, msg::kv_chunk>) core.on_chunk(env, m, now);
@@ -276,13 +277,14 @@ duet_actor::behavior_type worker_behavior(duet_actor::stateful_pointer<Role> sel
         auto& core = *self->state.core;
         auto& net = *self->state.context.net;
         const int64_t now = unix_ms();
+        const int64_t received = in.received_ms > 0 ? std::min(in.received_ms, now) : now;
         auto outcome = msg::dispatch(in.env, in.frames, [&](const msg::envelope& env, auto& m) {
           using M = std::decay_t<decltype(m)>;
           if constexpr (std::is_same_v<M, msg::stats_request>) {
             reply_stats(net, core.out(), env, Role::role, core.pool().free_blocks(), core.pool().total_blocks(),
                         core.counters());
           } else {
-            Role::on(core, env, m, now);
+            Role::on(core, env, m, now, received);
           }
         });
         if (outcome.status == msg::dispatch_status::malformed) {

@@ -29,10 +29,12 @@ struct ttft_hop {
 inline const std::vector<ttft_hop>& ttft_hops() {
   static const std::vector<ttft_hop> hops = {
       {"router.hop_encode", "router: tokenize the prompt"},
-      {"prefill.hop_queue", "prefill: accepted to its first chunk's step"},
+      {"prefill.hop_inbox", "prefill: in the mailbox while a synchronous step ran"},
+      {"prefill.hop_queue", "prefill: received (mailbox included) to its first chunk's step"},
       {"prefill.hop_compute", "prefill: first chunk's step to the last one's end"},
       {"prefill.hop_register", "prefill: registered with the broker, first token sent"},
       {"router.hop_ttft", "router: submit to prefill_done (all of the above and the hops between)"},
+      {"prefill.hop_step", "prefill: one engine step (per step, not per prompt)"},
   };
   return hops;
 }

@@ -16,7 +16,9 @@ prefill_core::prefill_core(std::string self, prefill_settings settings, engine& 
       pool_(make_block_manager(engine, settings_.kv_blocks)),
       sender_(engine, out_, settings_.stream) {}
 
-void prefill_core::on_request(const msg::envelope& env, const msg::prefill_request& m, int64_t now_ms) {
+void prefill_core::on_request(const msg::envelope& env, const msg::prefill_request& m, int64_t now_ms,
+                              int64_t received_ms) {
+  if (received_ms < 0 || received_ms > now_ms) received_ms = now_ms;
   msg::stage_failed refusal{m.seq_id, msg::finish_reason::error, msg::error_code::bad_request, {}};
   if (jobs_.contains(m.seq_id)) {
     ++counters_["duplicate_requests"];
@@ -42,7 +44,8 @@ void prefill_core::on_request(const msg::envelope& env, const msg::prefill_reque
   j.tokens = m.tokens;
   j.sampling = m.sampling;
   j.deadline_ms = env.deadline_ms;
-  j.accepted_ms = now_ms;
+  j.accepted_ms = received_ms;
+  record_hop(counters_, "inbox", (now_ms - received_ms) * 1000);
   jobs_.emplace(m.seq_id, std::move(j));
   queue_.push_back(m.seq_id);
   ++counters_["accepted"];
@@ -77,12 +80,14 @@ std::optional<std::chrono::nanoseconds> prefill_core::begin_step(int64_t now_ms)
     in_flight_.push_back({j.seq_id, take, last});
   }
   if (chunks.empty()) return std::nullopt;
+  step_began_ms_ = now_ms;
   in_flight_output_ = engine_.prefill(chunks);
   counters_["steps"]++;
   return in_flight_output_.modeled;
 }
 
 void prefill_core::finish_step(int64_t now_ms) {
+  record_hop(counters_, "step", (now_ms - step_began_ms_) * 1000);  // one per step, not per prompt
   std::size_t sampled = 0;
   for (const auto& p : in_flight_) {
     const msg::token_logprobs* logprobs = p.last ? in_flight_output_.logprobs_at(sampled) : nullptr;

@@ -45,7 +45,9 @@ class prefill_core {
  public:
   prefill_core(std::string self, prefill_settings settings, engine& engine);
 
-  void on_request(const msg::envelope& env, const msg::prefill_request& m, int64_t now_ms);
+  /// `received_ms`: when the node handed the request to this actor, which reads its mailbox
+  /// only between synchronous engine steps; the prompt's queue time starts there.
+  void on_request(const msg::envelope& env, const msg::prefill_request& m, int64_t now_ms, int64_t received_ms = -1);
   void on_cancel(const msg::cancel_seq& m);
   void on_registered(const msg::kv_registered& m, int64_t now_ms);
   void on_release(const msg::kv_release& m);
@@ -103,6 +105,7 @@ class prefill_core {
   std::map<std::string, uint64_t> counters_;
   std::unordered_set<uint64_t> unacked_;  // registered by the last step, ack not yet here
   int64_t hold_until_ms_ = 0;
+  int64_t step_began_ms_ = 0;
 };
 
 }  // namespace duet

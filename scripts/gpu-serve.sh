@@ -350,9 +350,11 @@ for name in ("conv3-colocated", "conv3-pd-streams", "conv3-pd-streams-repeat"):
                  f'{cell("ttft_s", "p99", ".0f")} | {cell("itl_s", "p50", ".1f")} | {cell("itl_s", "p99", ".1f")} | '
                  f'{cell("tpot_s", "p99", ".1f")} | {good} |')
 
-hop_rows = [("router.hop_encode", "router: tokenize"), ("prefill.hop_queue", "prefill: queue"),
+hop_rows = [("router.hop_encode", "router: tokenize"), ("prefill.hop_inbox", "prefill: mailbox (in queue)"),
+            ("prefill.hop_queue", "prefill: queue"),
             ("prefill.hop_compute", "prefill: first chunk to last"), ("prefill.hop_register", "prefill: broker ack"),
-            ("router.hop_ttft", "router: submit to prefill_done"), ("outside_router", "beyond the router"),
+            ("router.hop_ttft", "router: submit to prefill_done"), ("prefill.hop_step", "prefill: one step"),
+            ("prefill.tokens_per_step", "prefill: tokens per step"), ("outside_router", "beyond the router"),
             ("client_ttft", "client TTFT")]
 hop_runs = []
 for name in report["runs"]:

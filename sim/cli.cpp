@@ -469,7 +469,7 @@ std::map<std::string, uint64_t> hop_delta(const std::map<std::string, uint64_t>&
                                           const std::map<std::string, uint64_t>& after) {
   std::map<std::string, uint64_t> out;
   for (const auto& [k, v] : after) {
-    if (k.find(".hop_") == std::string::npos) continue;
+    if (k.find(".hop_") == std::string::npos && k != "prefill.tokens" && k != "prefill.steps") continue;
     const auto b = before.find(k);
     out[k] = v - (b == before.end() ? 0 : std::min(b->second, v));
   }
@@ -482,6 +482,11 @@ nlohmann::json ttft_hops_json(const std::map<std::string, uint64_t>& counters, d
   nlohmann::json j = nlohmann::json::object();
   for (const auto& hop : ttft_hops()) j[hop.counter] = hop_mean_ms(counters, hop.counter);
   const double router_ms = hop_mean_ms(counters, "router.hop_ttft");
+  const auto steps = counters.find("prefill.steps");
+  const auto tokens = counters.find("prefill.tokens");
+  j["prefill.tokens_per_step"] = steps == counters.end() || steps->second == 0 || tokens == counters.end()
+                                     ? 0.0
+                                     : double(tokens->second) / double(steps->second);
   const auto n = counters.find("router.hop_ttft_count");
   j["requests"] = n == counters.end() ? 0 : n->second;
   j["client_ttft"] = client_ttft_mean_ms;
@@ -505,6 +510,7 @@ std::string format_hop_table(const nlohmann::json& live, const std::vector<std::
     out += "\n";
   };
   for (const auto& hop : ttft_hops()) row(hop.counter, hop.what);
+  row("prefill.tokens_per_step", "prefill: tokens per step");
   row("outside_router", "client: beyond the router (front end, sockets, client)");
   row("client_ttft", "client: TTFT");
   return out;

@@ -1280,6 +1280,19 @@ TEST_CASE("prefill records each prompt's queue, compute and registration hops") 
   CHECK(c.at("hop_compute_us") == (40 + 15) * 1000);  // 1: two steps (25 + 15), 2: the 15 ms step
   CHECK(c.at("hop_register_us") == (7 + 10) * 1000);
   CHECK(duet::hop_mean_ms(c, "hop_compute") == doctest::Approx(27.5));
+  CHECK(c.at("hop_inbox_us") == 0);  // the fixture hands requests over as they arrive
+  CHECK(c.at("hop_step_count") == 2);          // per step: the first took no time on this clock
+  CHECK(c.at("hop_step_us") == 15 * 1000);
+}
+
+TEST_CASE("a prompt's queue time starts when the node received it, not when the busy actor read it") {
+  prefill_fixture p;
+  p.core.on_request(from(router_addr), msg::prefill_request{1, prompt_of(10), {}}, p.now + 30, p.now);
+  p.now += 50;
+  CHECK(p.step());
+  const auto c = p.core.counters();
+  CHECK(c.at("hop_inbox_us") == 30 * 1000);
+  CHECK(c.at("hop_queue_us") == 50 * 1000);
 }
 
 TEST_CASE("a duplicate prefill request is ignored") {
