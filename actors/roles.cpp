@@ -261,6 +261,17 @@ void maybe_step(typename duet_actor::stateful_pointer<Role> self) {
   }
 }
 
+/// Sends what the handler produced, then steps. A cuda or cpu engine computes on this thread:
+/// a step started first held every message behind it for the whole step (a prompt's
+/// prefill_done, and with it the first token, waited for the next prompt's chunk; on the
+/// H200 17-21 ms of mean TTFT at conversation x3).
+template <class Role>
+void step_after_flush(typename duet_actor::stateful_pointer<Role> self) {
+  flush(self->state.core->out(), *self->state.context.net);
+  maybe_step<Role>(self);
+  flush(self->state.core->out(), *self->state.context.net);
+}
+
 template <class Role>
 duet_actor::behavior_type worker_behavior(duet_actor::stateful_pointer<Role> self, actor_context context) {
   const auto addrs = addresses_of(*context.config);
@@ -290,19 +301,16 @@ duet_actor::behavior_type worker_behavior(duet_actor::stateful_pointer<Role> sel
         if (outcome.status == msg::dispatch_status::malformed) {
           core.out().send(in.env.src, msg::error{msg::error_code::bad_request, outcome.error, in.env.correlation});
         }
-        maybe_step<Role>(self);
-        flush_core();
+        step_after_flush<Role>(self);
       },
       [=](step_done_atom) {
         self->state.core->finish_step(unix_ms());
         self->state.stepping = false;
-        maybe_step<Role>(self);
-        flush_core();
+        step_after_flush<Role>(self);
       },
       [=](tick_atom) {
         self->state.core->tick(unix_ms());
-        maybe_step<Role>(self);
-        flush_core();
+        step_after_flush<Role>(self);
         self->delayed_send(self, self->state.context.timing.tick, tick_atom::value);
       },
       [=](report_atom) {

@@ -351,3 +351,50 @@ TEST_CASE("a prefill node and a decode node in two processes over ipc return the
   serve_across_processes(true);   // the stream path
   serve_across_processes(false);  // shared memory between the processes
 }
+
+TEST_CASE("a prompt's first token leaves before the next prompt's chunk computes on the actor's thread") {
+  if (!have_model()) return;
+  // One prompt a step: A (32 tokens) alone, then B (992) in two 512-token chunks. A's first
+  // token must not wait for B's first chunk, which the CPU engine computes on the prefill
+  // actor's thread (it once did: the step began before the handler's messages were sent).
+  // A 512-token step takes seconds on one core: the router must not take the busy worker,
+  // whose load reports wait behind the step, for dead.
+  std::string toml = one_node_toml("inproc://" + unique("duet-pipe-order")) + "[transport]\npeer_timeout_ms = 30000\n";
+  const std::string batch = "max_batch = 8\nchunk_tokens = 512";
+  REQUIRE(toml.find(batch) != std::string::npos);
+  toml.replace(toml.find(batch), batch.size(), "max_batch = 1\nchunk_tokens = 512");
+  const auto config = parse_config(toml, "pipeline-order.toml");
+  caf::actor_system_config cfg;
+  caf::actor_system system{cfg};
+  node n(system, config, "local");
+  client c(config.nodes[0].endpoint, "local/router");
+  REQUIRE(wait_ready(c, "local/router", 30s));
+  const std::pair<uint64_t, uint32_t> prompts[] = {{1, 32}, {2, 992}};
+  const auto t0 = steady::now();
+  for (const auto& [id, length] : prompts) {
+    msg::submit s;
+    s.request_id = id;
+    for (uint32_t i = 0; i < length; ++i) s.prompt_tokens.push_back(static_cast<int32_t>(100 + i % 5000));
+    s.sampling.temperature = 0.0f;
+    s.sampling.max_new_tokens = 1;  // the first token ends each request
+    REQUIRE(c.submit(s));
+  }
+  std::map<uint64_t, double> first_token_s;
+  std::map<uint64_t, msg::finish> finishes;
+  const auto until = t0 + 60s;
+  while (finishes.size() < 2 && steady::now() < until) {
+    for (auto& e : c.poll(10ms)) {
+      if (e.what == client_event::kind::tokens && !first_token_s.contains(e.request_id))
+        first_token_s[e.request_id] = std::chrono::duration<double>(steady::now() - t0).count();
+      if (e.what == client_event::kind::finished) finishes[e.request_id] = e.finish;
+    }
+  }
+  REQUIRE(first_token_s.size() == 2);
+  const auto stats = c.stats({"local/prefill0"}, 2s);
+  REQUIRE(counter(stats, "local/prefill0", "steps") == 3);
+  MESSAGE("first token of A " << first_token_s[1] << " s, of B " << first_token_s[2] << " s");
+  // A's token comes after its own short step (~1/33 of the prefill work), not after B's first
+  // chunk as well (~half of it).
+  CHECK(first_token_s[1] < 0.25 * first_token_s[2]);
+  n.stop();
+}
