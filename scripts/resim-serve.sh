@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# The simulator's prediction of every H200 serving run in docs/data/h200-serve/ (each run's
-# deployment TOML and trace window), beside the measured figures (docs/benchmarks.md,
-# "Simulator vs measured"). Needs the Azure traces: $DUET_TRACES (default ../shared/traces).
-#   scripts/resim-serve.sh [CALIBRATION.toml]
+# The simulator's prediction of every H200 serving run in a data folder (each run's deployment
+# TOML and trace window), beside the measured figures (docs/benchmarks.md, "Simulator vs
+# measured"). Needs the Azure traces: $DUET_TRACES (default ../shared/traces).
+#   scripts/resim-serve.sh [CALIBRATION.toml [DATA]]
+# DATA: docs/data/h200-serve (the default; 11-29 runs) or docs/data/h200-serve-2026-12-01b
+# (today's engine, with config/calibration-duet/h200-cuda-engine-2026-12-01.toml).
 set -eu
 cd "$(dirname "$0")/.."
 CAL=${1:-config/calibration-duet/h200-cuda-engine.toml}
+DATA=${2:-docs/data/h200-serve}
 TRACES=${DUET_TRACES:-../shared/traces}
 DUET=${DUET_BIN:-build/duet}
 OUT=${OUT:-resim-out}
 mkdir -p "$OUT"
-for toml in docs/data/h200-serve/*.toml; do
+for toml in "$DATA"/*.toml; do
   name=$(basename "$toml" .toml)
   case $name in  # the trace window and rate of each run (scripts/gpu-serve.sh)
     conv5-*) w="conv 0 300 5" ;;
+    conv3-*) w="conv 0 180 3" ;;
     conv3long-*) w="conv 0 540 3" ;;
     conv-1p1d) w="conv 0 180 6" ;;
     conv-*) w="conv 0 180 3" ;;
@@ -22,20 +26,24 @@ for toml in docs/data/h200-serve/*.toml; do
     code-*) w="code 180 60 0.7" ;;
   esac
   set -- $w
-  # The runs predate on-demand KV: their decode workers reserved prompt + max_tokens up front.
-  sed 's/^role = "decode"$/role = "decode"\nkv_allocation = "reserve"/' "$toml" >"$OUT/$name.toml"
+  # The 11-29 runs predate on-demand KV: their decode workers reserved prompt + max_tokens up front.
+  if [ "$DATA" = docs/data/h200-serve ]; then
+    sed 's/^role = "decode"$/role = "decode"\nkv_allocation = "reserve"/' "$toml" >"$OUT/$name.toml"
+  else
+    cp "$toml" "$OUT/$name.toml"
+  fi
   "$DUET" sim --config "$OUT/$name.toml" --trace "$TRACES/AzureLLMInferenceTrace_$1_2023.csv" --start "$2" \
     --duration "$3" --rate-scale "$4" --slo ttft=2s,tpot=50ms --calibration "$CAL" \
     --out "$OUT/$name" >"$OUT/$name.log"
 done
-python3 - "$OUT" <<'PY'
+python3 - "$OUT" "$DATA" <<'PY'
 import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
+out, data = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 print("| run | TTFT P50 ms | TTFT P99 ms | ITL P50 ms | ITL P99 ms |")
 print("| --- | --- | --- | --- | --- |")
-for live_file in sorted(pathlib.Path("docs/data/h200-serve").glob("*.json")):
+for live_file in sorted(data.glob("*.json")):
     sim_file = out / live_file.stem / "summary.json"
-    if not sim_file.exists():
+    if live_file.stem == "fidelity" or not sim_file.exists():
         continue
     live = json.loads(live_file.read_text())["runs"][0]["summary"]
     sim = json.loads(sim_file.read_text())["runs"][0]["summary"]
