@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <mutex>
 
 #include "messages/dispatch.hpp"
 #include "runtime/http_api.hpp"
@@ -185,6 +186,40 @@ duet_actor::behavior_type broker_behavior(duet_actor::stateful_pointer<broker_st
 
 // ------------------------------------------------------------------ prefill and decode
 
+/// A worker's last load and whether an engine step is running, written by the worker after
+/// every handler and read by its reporter actor.
+struct load_board {
+  std::mutex lock;
+  msg::load_report last;
+  int64_t step_since_ms = 0;  // 0: no step in flight
+};
+
+/// Sends the worker's load report on a timer of its own: a worker computing a synchronous
+/// engine step reads no messages and fires no timers, yet it is busy, not dead. A step
+/// running past `step_stall` silences the reports, so the router stops placing work there
+/// and answers what the worker holds.
+caf::behavior load_reporter(caf::event_based_actor* self, std::shared_ptr<load_board> board, actor_context context,
+                            std::string router) {
+  auto box = std::make_shared<outbox>(context.address);
+  self->send(self, report_atom::value);
+  return {
+      [=](report_atom) {
+        msg::load_report report;
+        int64_t since = 0;
+        {
+          std::lock_guard<std::mutex> guard(board->lock);
+          report = board->last;
+          since = board->step_since_ms;
+        }
+        if (since == 0 || unix_ms() - since <= context.timing.step_stall.count()) {
+          box->send(router, report);
+          flush(*box, *context.net);
+        }
+        self->delayed_send(self, context.timing.report, report_atom::value);
+      },
+  };
+}
+
 /// What both workers hold; Role adds the core's construction and its message handlers.
 template <class Core>
 struct worker_state {
@@ -193,6 +228,7 @@ struct worker_state {
   actor_context context;
   std::string router;
   bool stepping = false;
+  std::shared_ptr<load_board> board = std::make_shared<load_board>();
 };
 
 struct prefill_role : worker_state<prefill_core> {
@@ -251,8 +287,17 @@ template <class Role>
 void maybe_step(typename duet_actor::stateful_pointer<Role> self) {
   auto& st = self->state;
   if (st.stepping) return;
-  auto wait = st.core->begin_step(unix_ms());
-  if (!wait) return;
+  const int64_t now = unix_ms();
+  {
+    std::lock_guard<std::mutex> guard(st.board->lock);
+    st.board->step_since_ms = now;  // a cuda or cpu engine computes inside begin_step
+  }
+  auto wait = st.core->begin_step(now);
+  if (!wait) {
+    std::lock_guard<std::mutex> guard(st.board->lock);
+    st.board->step_since_ms = 0;
+    return;
+  }
   st.stepping = true;
   if (wait->count() > 0) {
     self->delayed_send(self, *wait, step_done_atom::value);
@@ -270,6 +315,8 @@ void step_after_flush(typename duet_actor::stateful_pointer<Role> self) {
   flush(self->state.core->out(), *self->state.context.net);
   maybe_step<Role>(self);
   flush(self->state.core->out(), *self->state.context.net);
+  std::lock_guard<std::mutex> guard(self->state.board->lock);
+  self->state.board->last = self->state.core->load();
 }
 
 template <class Role>
@@ -280,9 +327,9 @@ duet_actor::behavior_type worker_behavior(duet_actor::stateful_pointer<Role> sel
   st.core = Role::make_core(context, addrs);
   st.context = context;
   st.router = addrs.router;
+  st.board->last = st.core->load();
   self->send(self, tick_atom::value);
-  self->send(self, report_atom::value);
-  auto flush_core = [self] { flush(self->state.core->out(), *self->state.context.net); };
+  self->template spawn<caf::linked>(load_reporter, st.board, context, addrs.router);
   return {
       [=](inbound& in) {
         auto& core = *self->state.core;
@@ -306,6 +353,10 @@ duet_actor::behavior_type worker_behavior(duet_actor::stateful_pointer<Role> sel
       [=](step_done_atom) {
         self->state.core->finish_step(unix_ms());
         self->state.stepping = false;
+        {
+          std::lock_guard<std::mutex> guard(self->state.board->lock);
+          self->state.board->step_since_ms = 0;
+        }
         step_after_flush<Role>(self);
       },
       [=](tick_atom) {
@@ -313,11 +364,7 @@ duet_actor::behavior_type worker_behavior(duet_actor::stateful_pointer<Role> sel
         step_after_flush<Role>(self);
         self->delayed_send(self, self->state.context.timing.tick, tick_atom::value);
       },
-      [=](report_atom) {
-        self->state.core->out().send(self->state.router, self->state.core->load());
-        flush_core();
-        self->delayed_send(self, self->state.context.timing.report, report_atom::value);
-      },
+      [=](report_atom) {},  // load_reporter sends the reports
   };
 }
 

@@ -15,6 +15,10 @@ namespace duet {
 struct actor_timing {
   std::chrono::milliseconds tick{20};
   std::chrono::milliseconds report{100};
+  // A worker's load reports come from a reporter actor of their own, so a worker busy in a
+  // long synchronous engine step (the CPU engine takes seconds per chunk) stays alive for
+  // the router. A step longer than this stops them: the router takes the worker for stuck.
+  std::chrono::milliseconds step_stall{120000};
 };
 
 /// Everything an actor needs to build its core: its address, its config, the deployment.

@@ -357,9 +357,11 @@ TEST_CASE("a prompt's first token leaves before the next prompt's chunk computes
   // One prompt a step: A (32 tokens) alone, then B (992) in two 512-token chunks. A's first
   // token must not wait for B's first chunk, which the CPU engine computes on the prefill
   // actor's thread (it once did: the step began before the handler's messages were sent).
-  // A 512-token step takes seconds on one core: the router must not take the busy worker,
-  // whose load reports wait behind the step, for dead.
-  std::string toml = one_node_toml("inproc://" + unique("duet-pipe-order")) + "[transport]\npeer_timeout_ms = 30000\n";
+  // A 512-token step takes about 3 s on one core, as long as the router waits for a worker's
+  // load report (transport.peer_timeout_ms): the reports come from an actor of their own, so
+  // the busy worker is not taken for dead (it once was: "worker local/prefill0 stopped
+  // answering").
+  std::string toml = one_node_toml("inproc://" + unique("duet-pipe-order"));
   const std::string batch = "max_batch = 8\nchunk_tokens = 512";
   REQUIRE(toml.find(batch) != std::string::npos);
   toml.replace(toml.find(batch), batch.size(), "max_batch = 1\nchunk_tokens = 512");
@@ -389,6 +391,11 @@ TEST_CASE("a prompt's first token leaves before the next prompt's chunk computes
       if (e.what == client_event::kind::finished) finishes[e.request_id] = e.finish;
     }
   }
+  REQUIRE(finishes.size() == 2);
+  for (const auto& [id, f] : finishes) {
+    INFO("request " << id << ": " << f.message);
+    CHECK(f.reason == msg::finish_reason::length);
+  }
   REQUIRE(first_token_s.size() == 2);
   const auto stats = c.stats({"local/prefill0"}, 2s);
   REQUIRE(counter(stats, "local/prefill0", "steps") == 3);
@@ -396,5 +403,33 @@ TEST_CASE("a prompt's first token leaves before the next prompt's chunk computes
   // A's token comes after its own short step (~1/33 of the prefill work), not after B's first
   // chunk as well (~half of it).
   CHECK(first_token_s[1] < 0.25 * first_token_s[2]);
+  n.stop();
+}
+
+TEST_CASE("a worker whose engine step runs past the stall limit is taken for stuck and its request answered") {
+  if (!have_model()) return;
+  const auto config = parse_config(one_node_toml("inproc://" + unique("duet-pipe-stall")), "pipeline-stall.toml");
+  caf::actor_system_config cfg;
+  caf::actor_system system{cfg};
+  actor_timing timing;
+  timing.step_stall = 500ms;  // a 512-token step on one core takes seconds
+  node n(system, config, "local", timing);
+  client c(config.nodes[0].endpoint, "local/router");
+  REQUIRE(wait_ready(c, "local/router", 30s));
+  msg::submit s;
+  s.request_id = 1;
+  for (uint32_t i = 0; i < 992; ++i) s.prompt_tokens.push_back(static_cast<int32_t>(100 + i));
+  s.sampling.max_new_tokens = 4;
+  REQUIRE(c.submit(s));
+  std::optional<msg::finish> finish;
+  const auto until = steady::now() + 60s;
+  while (!finish && steady::now() < until) {
+    for (auto& e : c.poll(10ms)) {
+      if (e.what == client_event::kind::finished) finish = e.finish;
+    }
+  }
+  REQUIRE(finish.has_value());
+  CHECK(finish->reason == msg::finish_reason::error);
+  CHECK(finish->message.find("local/prefill0 stopped answering") != std::string::npos);
   n.stop();
 }
