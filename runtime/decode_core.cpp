@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include "runtime/hop_stats.hpp"
 #include "runtime/kv_pool_share.hpp"
 
 namespace duet {
@@ -315,6 +316,7 @@ std::optional<std::chrono::nanoseconds> decode_core::begin_decode() {
 
 std::optional<std::chrono::nanoseconds> decode_core::begin_step(int64_t now_ms) {
   if (!in_flight_.empty()) return std::nullopt;
+  step_began_ms_ = now_ms;
   // A recompute chunk and a decode step take turns, so neither the recomputing sequence
   // nor the running batch waits for the other to finish.
   sequence* r = next_recompute();
@@ -331,8 +333,12 @@ std::optional<std::chrono::nanoseconds> decode_core::begin_step(int64_t now_ms) 
 }
 
 void decode_core::finish_step(int64_t now_ms) {
-  if (recompute_in_flight_ > 0) finish_recompute(now_ms);
-  else finish_decode(now_ms);
+  if (recompute_in_flight_ > 0) {
+    finish_recompute(now_ms);
+  } else {
+    record_hop(counters_, "step", (now_ms - step_began_ms_) * 1000);  // decode steps only (hop_stats.hpp)
+    finish_decode(now_ms);
+  }
   try_admit_waiting(now_ms);
 }
 

@@ -138,6 +138,7 @@ class decode_core {
   std::vector<uint64_t> running_; // running and recomputing, in admission order
   std::vector<uint64_t> in_flight_;
   step_output in_flight_output_;
+  int64_t step_began_ms_ = 0;
   uint32_t recompute_in_flight_ = 0;  // tokens of the recompute step in flight (0: a decode step)
   bool last_step_recompute_ = false;  // recompute and decode steps take turns
   uint64_t next_arrival_ = 0;

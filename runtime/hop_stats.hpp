@@ -35,6 +35,7 @@ inline const std::vector<ttft_hop>& ttft_hops() {
       {"prefill.hop_register", "prefill: registered with the broker, first token sent"},
       {"router.hop_ttft", "router: submit to prefill_done (all of the above and the hops between)"},
       {"prefill.hop_step", "prefill: one engine step (per step, not per prompt)"},
+      {"decode.hop_step", "decode: one decode step (per step; recompute steps left out)"},
   };
   return hops;
 }

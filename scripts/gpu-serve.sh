@@ -6,7 +6,8 @@
 #   GPU_SERVE_STAGES=build,ckpt,smoke scripts/gpu-serve.sh      first call: build, checkpoint, smoke runs
 #   GPU_SERVE_STAGES=one scripts/gpu-serve.sh                   one-GPU deployments, both traces
 #   GPU_SERVE_STAGES=handover,two scripts/gpu-serve.sh          two GPUs: KV between GPUs, 1P1D
-#   GPU_SERVE_STAGES=build,ckpt,fidelity scripts/gpu-serve.sh   one call, one GPU, ~8 minutes
+#   GPU_SERVE_STAGES=build,ckpt,fidelity scripts/gpu-serve.sh   one call, one GPU, ~6 minutes
+#   (GPU_SERVE_FID_ONLY=colocated: the colocated replay alone)
 # Stages:
 #   build     duet, and bench_kv_handover with stage handover (Release, sm_90)
 #   ckpt      the random 8B checkpoint (16 GB, written once into $BUILD)
@@ -354,7 +355,8 @@ hop_rows = [("router.hop_encode", "router: tokenize"), ("prefill.hop_inbox", "pr
             ("prefill.hop_queue", "prefill: queue"),
             ("prefill.hop_compute", "prefill: first chunk to last"), ("prefill.hop_register", "prefill: broker ack"),
             ("router.hop_ttft", "router: submit to prefill_done"), ("prefill.hop_step", "prefill: one step"),
-            ("prefill.tokens_per_step", "prefill: tokens per step"), ("outside_router", "beyond the router"),
+            ("prefill.tokens_per_step", "prefill: tokens per step"), ("decode.hop_step", "decode: one step"),
+            ("decode.mean_batch", "decode: sequences per step"), ("outside_router", "beyond the router"),
             ("client_ttft", "client TTFT")]
 hop_runs = []
 for name in report["runs"]:
@@ -461,6 +463,13 @@ if has fidelity; then
     echo "fidelity: only ${fspan} s of replay would fit before ${DEADLINE} s: skipped"
   elif [ ! -x "$BUILD/duet" ] || [ ! -f "$CKPT/config.json" ]; then
     echo "fidelity: no $BUILD/duet or $CKPT (stages build,ckpt): skipped"
+  elif [ "${GPU_SERVE_FID_ONLY:-}" = colocated ]; then  # the colocated replay alone (~130 s)
+    UP_T0=$SECONDS
+    up_start conv3-colocated 0 colocated 0
+    if warm_up conv3-colocated 0 "$(wait_for $((fspan + DRAIN)))"; then
+      fid_replay conv3-colocated 0 0
+    fi
+    up_stop conv3-colocated 0
   else
     UP_T0=$SECONDS
     up_start conv3-pd-streams 1 streams 0

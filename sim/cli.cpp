@@ -469,7 +469,9 @@ std::map<std::string, uint64_t> hop_delta(const std::map<std::string, uint64_t>&
                                           const std::map<std::string, uint64_t>& after) {
   std::map<std::string, uint64_t> out;
   for (const auto& [k, v] : after) {
-    if (k.find(".hop_") == std::string::npos && k != "prefill.tokens" && k != "prefill.steps") continue;
+    static const std::set<std::string> per_step = {"prefill.tokens", "prefill.steps", "decode.steps",
+                                                   "decode.batched_sequences"};
+    if (k.find(".hop_") == std::string::npos && !per_step.contains(k)) continue;
     const auto b = before.find(k);
     out[k] = v - (b == before.end() ? 0 : std::min(b->second, v));
   }
@@ -487,6 +489,11 @@ nlohmann::json ttft_hops_json(const std::map<std::string, uint64_t>& counters, d
   j["prefill.tokens_per_step"] = steps == counters.end() || steps->second == 0 || tokens == counters.end()
                                      ? 0.0
                                      : double(tokens->second) / double(steps->second);
+  const auto dsteps = counters.find("decode.steps");
+  const auto batched = counters.find("decode.batched_sequences");
+  j["decode.mean_batch"] = dsteps == counters.end() || dsteps->second == 0 || batched == counters.end()
+                               ? 0.0
+                               : double(batched->second) / double(dsteps->second);
   const auto n = counters.find("router.hop_ttft_count");
   j["requests"] = n == counters.end() ? 0 : n->second;
   j["client_ttft"] = client_ttft_mean_ms;
@@ -511,6 +518,7 @@ std::string format_hop_table(const nlohmann::json& live, const std::vector<std::
   };
   for (const auto& hop : ttft_hops()) row(hop.counter, hop.what);
   row("prefill.tokens_per_step", "prefill: tokens per step");
+  row("decode.mean_batch", "decode: sequences per step");
   row("outside_router", "client: beyond the router (front end, sockets, client)");
   row("client_ttft", "client: TTFT");
   return out;
