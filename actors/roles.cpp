@@ -312,11 +312,15 @@ void maybe_step(typename duet_actor::stateful_pointer<Role> self) {
 /// H200 17-21 ms of mean TTFT at conversation x3).
 template <class Role>
 void step_after_flush(typename duet_actor::stateful_pointer<Role> self) {
+  auto publish_load = [&] {
+    std::lock_guard<std::mutex> guard(self->state.board->lock);
+    self->state.board->last = self->state.core->load();
+  };
   flush(self->state.core->out(), *self->state.context.net);
+  publish_load();  // what the reporter sends while a synchronous step runs
   maybe_step<Role>(self);
   flush(self->state.core->out(), *self->state.context.net);
-  std::lock_guard<std::mutex> guard(self->state.board->lock);
-  self->state.board->last = self->state.core->load();
+  publish_load();
 }
 
 template <class Role>
