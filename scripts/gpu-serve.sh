@@ -19,6 +19,8 @@
 #   high      heavier load: conversation x5 (colocated, PD streams, PD 50/50), code x1
 #             (colocated, PD streams, PD 70/30), two at a time
 #   long      conversation x3 for three minutes: colocated, PD streams, PD 50/50
+#   today_high conversation x5 (CONV_HIGH) on colocated and PD streams with today's calibration
+#             (h200-cuda-engine-2026-12-01.toml); $OUT/today-high.tar.gz (~4 minutes with build)
 #   two       1P1D: prefill process on GPU 0, decode process on GPU 1 (KV over CUDA IPC), both
 #             traces at twice the one-GPU rate (the load two colocated GPUs would share)
 #   fidelity  one GPU, sized to end by $GPU_SERVE_DEADLINE s (default 540) after the script's
@@ -270,6 +272,17 @@ if has long; then
   serve conv3long-pd-streams 1 streams "$g1" $CONV_LONG
   wait $a
   serve conv3long-pd-green50 0 green:0.5 0 $CONV_LONG
+fi
+
+if has today_high; then  # conversation x5 on today's engine and calibration: colocated, then PD streams
+  echo "=== one GPU, heavier load, today's engine ($(date +%T))"
+  CAL_SAVED=$CAL CAL=$CAL_FID
+  for run in "conv5-today-colocated colocated" "conv5-today-pd-streams streams"; do
+    set -- $run
+    serve "$1" 0 "$2" 0 $CONV_HIGH
+    tar -czf "$OUT/today-high.tar.gz" -C "$RUNS" --exclude='*.up.log' --exclude='report.html' --exclude='requests.csv' .
+  done
+  CAL=$CAL_SAVED
 fi
 
 locust_replay() {  # locust_replay NAME SLOT LIMIT_S TRACE START DURATION RATE: bench/locustfile.py, the same requests
