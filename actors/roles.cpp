@@ -92,6 +92,7 @@ duet_actor::behavior_type router_behavior(duet_actor::stateful_pointer<router_st
   settings.max_new_tokens_limit = cfg.router.max_new_tokens_limit;
   settings.give_up_grace_ms = cfg.broker.transfer_timeout_ms;
   settings.worker_timeout_ms = cfg.transport.peer_timeout_ms;
+  settings.stream_prefill = cfg.broker.stream_prefill == "chunks";
   self->state.core = std::make_unique<router_core>(context.address, settings, prompt_encoder(cfg));
   self->state.context = context;
   self->send(self, tick_atom::value);
@@ -270,6 +271,7 @@ struct decode_role : worker_state<decode_core> {
     settings.chunk_tokens = context.actor->chunk_tokens;
     settings.transfer_timeout_ms = context.config->broker.transfer_timeout_ms;
     settings.renew_every_ms = std::max<uint32_t>(context.config->broker.lease_ms / 3, 1);
+    settings.accept_early = context.config->broker.stream_prefill == "chunks";
     return std::make_unique<decode_core>(context.address, settings, *context.compute);
   }
   template <class M>

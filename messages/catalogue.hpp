@@ -209,7 +209,10 @@ struct prefill_request {
   uint64_t seq_id = 0;
   std::vector<int32_t> tokens;  // raw frame
   sampling_params sampling;
-  MSGPACK_DEFINE_MAP(seq_id, sampling);
+  // broker.stream_prefill = "chunks": the decode worker reserved for the request; the prompt's
+  // finished blocks stream to it while later chunks compute. Empty: after the whole prompt.
+  std::string stream_to;
+  MSGPACK_DEFINE_MAP(seq_id, sampling, stream_to);
   auto raw() { return std::tie(tokens); }
   friend bool operator==(const prefill_request&, const prefill_request&) = default;
 };
@@ -450,7 +453,8 @@ struct kv_chunk_ack {
   static constexpr type_id id = type_id::kv_chunk_ack;
   uint64_t handle_id = 0;
   uint32_t received = 0;
-  MSGPACK_DEFINE_MAP(handle_id, received);
+  bool resend = false;  // a chunk after a lost one came (a stream begun during prefill): send from `received`
+  MSGPACK_DEFINE_MAP(handle_id, received, resend);
   auto raw() { return std::tie(); }
   friend bool operator==(const kv_chunk_ack&, const kv_chunk_ack&) = default;
 };

@@ -291,7 +291,8 @@ const std::vector<field<broker_config>>& broker_fields() {
       {"transfer_timeout_ms", &broker_config::transfer_timeout_ms},
       {"stream_chunk_bytes", &broker_config::stream_chunk_bytes},
       {"stream_window", &broker_config::stream_window},
-      {"transfer", &broker_config::transfer}};
+      {"transfer", &broker_config::transfer},
+      {"stream_prefill", &broker_config::stream_prefill}};
   return fields;
 }
 
@@ -751,6 +752,14 @@ class validator {
     at_least_one("broker.stream_chunk_bytes", b.stream_chunk_bytes);
     at_least_one("broker.stream_window", b.stream_window);
     choice("broker.transfer", b.transfer, transfer_modes);
+    choice("broker.stream_prefill", b.stream_prefill, {"off", "chunks"});
+    if (b.stream_prefill == "chunks" && b.transfer != "stream") {
+      error("broker.stream_prefill", "\"chunks\" streams KV over the stream path: it needs broker.transfer = \"stream\" (got \"" +
+                                         b.transfer + "\")");
+    }
+    if (b.stream_prefill == "chunks" && config_.engine.kind == "sim") {
+      error("broker.stream_prefill", "\"chunks\" needs an engine that holds KV bytes (cpu or cuda), not the sim engine");
+    }
     if (b.stream_chunk_bytes > config_.transport.max_frame_bytes / 2) {
       error("broker.stream_chunk_bytes",
             "must be at most half of transport.max_frame_bytes (" +

@@ -71,6 +71,9 @@ struct broker_config {
   // auto: one pool for a node's workers on one device (ownership moves), else the other pool
   // mapped (host_shm, cuda_ipc), else the stream | copy: never one pool | stream: always the stream
   std::string transfer = "auto";
+  // chunks: a long prompt's finished blocks stream to its decode worker while the next chunk
+  // computes (the stream path; needs transfer = "stream") | off: after the whole prompt
+  std::string stream_prefill = "off";
 };
 
 /// [transport]

@@ -112,8 +112,19 @@ void decode_core::try_admit_waiting(int64_t now_ms) {
   while (!waiting_.empty()) {
     sequence& s = seqs_.at(waiting_.front());
     const uint32_t need = adoption_blocks(s);
-    if (!can_admit(need)) return;
-    s.blocks = pool_.allocate(need);
+    auto early = early_.find(s.handle_id);
+    const auto have = early == early_.end() ? 0u : static_cast<uint32_t>(early->second.blocks.size());
+    const uint32_t more = need > have ? need - have : 0;
+    if (more > 0 && !can_admit(more)) return;
+    if (early != early_.end()) {
+      // Streamed ahead during prefill: its blocks come first, in the handle's order.
+      s.blocks = std::move(early->second.blocks);
+      s.receiver = std::move(early->second.receiver);
+      early_.erase(early);
+      ++counters_["early_adoptions"];
+    }
+    const auto extra = pool_.allocate(more);
+    s.blocks.insert(s.blocks.end(), extra.begin(), extra.end());
     s.state = decode_state::pulling;
     s.wait_until_ms = now_ms + settings_.transfer_timeout_ms;
     s.next_renew_ms = now_ms + settings_.renew_every_ms;  // the pull itself extends the lease
@@ -128,6 +139,11 @@ void decode_core::try_admit_waiting(int64_t now_ms) {
     pull.block_ids = s.blocks;
     s.pulled = std::chrono::steady_clock::now();
     out_.send(settings_.broker, pull, s.deadline_ms);
+    if (s.receiver.complete()) {
+      // All of it came during prefill: confirm after the pull (one outbox, in order).
+      ++counters_["early_complete"];
+      kv_arrived(s, msg::kv_path::tcp);
+    }
   }
 }
 
@@ -176,13 +192,66 @@ void decode_core::on_moved(const msg::kv_moved& m, int64_t now_ms) {
   kv_arrived(*s, m.path);
 }
 
+void decode_core::on_early_chunk(const msg::envelope& env, const msg::kv_chunk& m, int64_t now_ms) {
+  auto it = early_.find(m.handle_id);
+  if (it == early_.end()) {
+    if (m.first != 0 || m.total == 0) {
+      ++counters_["stale_chunks"];
+      return;
+    }
+    if (!can_admit(m.total)) {
+      ++counters_["early_no_memory"];  // unacked: the stream starts over from block 0 after the pull
+      return;
+    }
+    it = early_.try_emplace(m.handle_id).first;
+    it->second.from = env.src;
+    it->second.blocks = pool_.allocate(m.total);
+    it->second.receiver.allow_gaps();  // the broker's kv_send resends from our last ack
+  }
+  early_kv& e = it->second;
+  if (env.src != e.from) {
+    ++counters_["stale_chunks"];
+    return;
+  }
+  const auto status = e.receiver.on_chunk(engine_, e.blocks, m);
+  if (status == kv_stream_receiver::status::gap) {
+    ++counters_["stream_gaps"];  // a chunk before it was lost: ack what we have, the owner resends
+    out_.send(env.src, msg::kv_chunk_ack{m.handle_id, e.receiver.received(), true});
+    return;
+  }
+  if (status == kv_stream_receiver::status::failed) {
+    ++counters_["early_failures"];  // the pull's stream starts over and fails there, readably
+    pool_.free(e.blocks);
+    early_.erase(it);
+    return;
+  }
+  if (status != kv_stream_receiver::status::duplicate) {
+    counters_["early_bytes_received"] += m.bytes.size();
+    counters_["stream_bytes_received"] += m.bytes.size();
+  }
+  e.wait_until_ms = now_ms + settings_.transfer_timeout_ms;
+  out_.send(env.src, msg::kv_chunk_ack{m.handle_id, e.receiver.received()});
+}
+
 void decode_core::on_chunk(const msg::envelope& env, const msg::kv_chunk& m, int64_t now_ms) {
   sequence* s = find_by_handle(m.handle_id);
+  if (!s && settings_.accept_early) return on_early_chunk(env, m, now_ms);
   if (!s || s->state != decode_state::pulling) {
     ++counters_["stale_chunks"];
     return;
   }
   const auto status = s->receiver.on_chunk(engine_, s->blocks, m);
+  if (status == kv_stream_receiver::status::duplicate) {
+    out_.send(env.src, msg::kv_chunk_ack{m.handle_id, s->receiver.received()});
+    return;
+  }
+  if (status == kv_stream_receiver::status::gap) {
+    // Begun during prefill: a chunk was lost. Acking what we have makes the owner resend from
+    // there; should that be lost too, the transfer timeout ends the wait.
+    ++counters_["stream_gaps"];
+    out_.send(env.src, msg::kv_chunk_ack{m.handle_id, s->receiver.received(), true});
+    return;
+  }
   if (status == kv_stream_receiver::status::failed) {
     ++counters_["transfer_failures"];
     out_.send(settings_.broker, msg::kv_nack{m.handle_id, s->receiver.error()});
@@ -433,6 +502,15 @@ void decode_core::tick(int64_t now_ms) {
       ++counters_["deadline_expired"];
       end(s, msg::finish_reason::timeout, msg::error_code::timeout, "deadline passed during decode");
     }
+  }
+  for (auto it = early_.begin(); it != early_.end();) {
+    if (now_ms < it->second.wait_until_ms) {
+      ++it;
+      continue;
+    }
+    ++counters_["early_expired"];  // streamed ahead for a request that never came (it ended at prefill)
+    pool_.free(it->second.blocks);
+    it = early_.erase(it);
   }
   // Blocks freed outside a step (cancel, failed transfer, expiry) admit waiting adoptions here;
   // when nothing runs, no finish_step would ever do it.

@@ -43,6 +43,9 @@ struct decode_settings {
   uint32_t renew_every_ms = 2000;       // lease renewal while an adoption waits for memory
   kv_allocation allocation = kv_allocation::on_demand;
   uint32_t chunk_tokens = 2048;  // tokens per recompute step of a preempted sequence
+  // broker.stream_prefill = "chunks": KV chunks of a prompt still being prefilled are taken
+  // into blocks of their own before the adoption (kept transfer_timeout_ms past the last one)
+  bool accept_early = false;
 };
 
 /// Ordered states of a sequence in a decode worker. Before `preempted` the broker still
@@ -106,6 +109,14 @@ class decode_core {
     msg::finish_reason cancel_reason = msg::finish_reason::cancelled;
     kv_stream_receiver receiver;  // the stream path's progress
   };
+  /// KV that came ahead of its adoption (broker.stream_prefill), by handle.
+  struct early_kv {
+    std::string from;
+    std::vector<uint32_t> blocks;
+    kv_stream_receiver receiver;
+    int64_t wait_until_ms = 0;
+  };
+  void on_early_chunk(const msg::envelope& env, const msg::kv_chunk& m, int64_t now_ms);
   [[nodiscard]] sequence* find_by_handle(uint64_t handle_id);
   /// The KV is in place: confirm to the broker and join the batch (or end if cancelled).
   void kv_arrived(sequence& s, msg::kv_path path);
@@ -133,6 +144,7 @@ class decode_core {
   outbox out_;
   block_manager pool_;
   std::unordered_map<uint64_t, sequence> seqs_;
+  std::unordered_map<uint64_t, early_kv> early_;
   std::deque<uint64_t> waiting_;  // adoptions waiting for memory, FCFS
   std::deque<uint64_t> preempted_;  // in arrival order; they go before waiting_
   std::vector<uint64_t> running_; // running and recomputing, in admission order

@@ -31,8 +31,12 @@ class kv_stream_sender {
  public:
   kv_stream_sender(const engine& engine, outbox& out, kv_stream_settings settings);
 
-  /// Starts streaming `blocks` of `handle_id` to `to`; a repeated start is ignored.
+  /// Starts streaming `blocks` of `handle_id` to `to` (the broker's kv_send); a repeated start
+  /// is ignored. A stream begun by pre_send goes on from the adopter's last ack.
   void start(uint64_t handle_id, const std::string& to, std::vector<uint32_t> blocks);
+  /// broker.stream_prefill: sends the first `ready` of `blocks` (the finished ones of a prompt
+  /// still being prefilled) to the decode worker reserved for it, ahead of the broker's go.
+  void pre_send(uint64_t handle_id, const std::string& to, const std::vector<uint32_t>& blocks, uint32_t ready);
   void on_ack(const std::string& from, const msg::kv_chunk_ack& m);
   /// The handle was released (or its blocks reclaimed): stop sending.
   void stop(uint64_t handle_id);
@@ -47,6 +51,9 @@ class kv_stream_sender {
     std::vector<uint32_t> blocks;
     uint32_t sent = 0;   // blocks sent
     uint32_t acked = 0;  // blocks the adopter has written
+    uint32_t ready = 0;  // blocks that may be sent (all, but while pre_send streams a prompt)
+    bool pulled = true;  // the broker's kv_send came; a pre-sent stream waits for it to end
+    uint32_t resent_from = 0;  // acked + 1 of the last resend (0: none): one per lost chunk
   };
   void pump(uint64_t handle_id, stream& s);
 
@@ -61,10 +68,16 @@ class kv_stream_sender {
 /// Adopter side of one handle: checks each chunk and writes it into the destination blocks.
 class kv_stream_receiver {
  public:
-  enum class status { partial, complete, failed };
+  enum class status { partial, complete, failed, duplicate, gap };
 
-  /// `dest` are the adopter's blocks, in the order of the handle's blocks.
+  /// For a stream begun during prefill: a chunk after a lost one is a `gap`, not a failure;
+  /// the adopter acks again what it has, and the owner resends from there.
+  void allow_gaps() { allow_gaps_ = true; }
+
+  /// `dest` are the adopter's blocks, in the order of the handle's blocks. A chunk already
+  /// written (resent after a stream began during prefill went on) is `duplicate`: ack again.
   [[nodiscard]] status on_chunk(engine& engine, std::span<const uint32_t> dest, const msg::kv_chunk& m);
+  [[nodiscard]] bool complete() const { return total_ > 0 && received_ == total_; }
   [[nodiscard]] uint32_t received() const { return received_; }
   [[nodiscard]] uint64_t bytes() const { return bytes_; }
   [[nodiscard]] const std::string& error() const { return error_; }
@@ -73,6 +86,7 @@ class kv_stream_receiver {
   status fail(std::string why);
   uint32_t received_ = 0;
   uint32_t total_ = 0;  // from the first chunk; every later one must agree
+  bool allow_gaps_ = false;
   uint64_t bytes_ = 0;
   std::string error_;
 };

@@ -43,6 +43,7 @@ void prefill_core::on_request(const msg::envelope& env, const msg::prefill_reque
   j.seq_id = m.seq_id;
   j.tokens = m.tokens;
   j.sampling = m.sampling;
+  j.stream_to = m.stream_to;
   j.deadline_ms = env.deadline_ms;
   j.accepted_ms = received_ms;
   record_hop(counters_, "inbox", (now_ms - received_ms) * 1000);
@@ -100,6 +101,11 @@ void prefill_core::finish_step(int64_t now_ms) {
     if (j.cancelled) {
       fail(j, j.cancel_reason, msg::error_code::none, "cancelled during prefill");
       continue;
+    }
+    if (!j.stream_to.empty()) {
+      // Whole blocks are final once computed: they leave while the next chunk computes.
+      const auto ready = p.last ? static_cast<uint32_t>(j.blocks.size()) : j.done / engine_.info().block_tokens;
+      if (ready > 0) sender_.pre_send(j.seq_id, j.stream_to, j.blocks, ready);
     }
     if (!p.last) continue;
     std::erase(queue_, j.seq_id);

@@ -73,6 +73,7 @@ class prefill_core {
     uint64_t seq_id = 0;
     std::vector<int32_t> tokens;
     msg::sampling_params sampling;
+    std::string stream_to;  // broker.stream_prefill: finished blocks go to this decode worker
     int64_t deadline_ms = 0;
     std::vector<uint32_t> blocks;
     uint32_t done = 0;  // tokens prefilled

@@ -99,7 +99,9 @@ void router_core::on_submit(const msg::envelope& env, const msg::submit& m, int6
   ++workers_[decode].outstanding;
   out_.send(client, msg::admitted{m.request_id, static_cast<uint32_t>(r.prompt.size()),
                                   static_cast<uint32_t>(requests_.size())});
-  out_.send(prefill, msg::prefill_request{r.seq_id, r.prompt, r.sampling}, r.deadline_ms);
+  // A request that may decode streams its KV to the decode worker during prefill, if asked.
+  const bool stream_early = settings_.stream_prefill && r.sampling.max_new_tokens > 1;
+  out_.send(prefill, msg::prefill_request{r.seq_id, r.prompt, r.sampling, stream_early ? decode : ""}, r.deadline_ms);
   by_client_[{client, m.request_id}] = r.seq_id;
   requests_.emplace(r.seq_id, std::move(r));
   ++counters_["admitted"];

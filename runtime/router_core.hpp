@@ -23,6 +23,7 @@ struct router_settings {
   uint32_t give_up_grace_ms = 5000;      // after a deadline, how long workers get to answer
   uint32_t worker_timeout_ms = 3000;     // a worker with no load report this long is not used
   std::vector<int32_t> eos_ids;
+  bool stream_prefill = false;  // broker.stream_prefill = "chunks": prefill_request names the decode worker
 };
 
 /// Ordered request states on the disaggregated path: "has reached" is a comparison.

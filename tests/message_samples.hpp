@@ -88,7 +88,7 @@ inline finish sample(tag<finish>) {
           .completion_tokens = 34};
 }
 inline prefill_request sample(tag<prefill_request>) {
-  return {.seq_id = 1001, .tokens = {128000, 9906, 1917}, .sampling = sample_sampling()};
+  return {.seq_id = 1001, .tokens = {128000, 9906, 1917}, .sampling = sample_sampling(), .stream_to = "n1/decode0"};
 }
 inline prefill_done sample(tag<prefill_done>) {
   return {.seq_id = 1002,
@@ -178,7 +178,7 @@ inline kv_chunk sample(tag<kv_chunk>) {
           .checksum = 0x0123456789abcdefull,
           .bytes = {std::byte{1}, std::byte{2}, std::byte{255}}};
 }
-inline kv_chunk_ack sample(tag<kv_chunk_ack>) { return {.handle_id = 9014, .received = 6}; }
+inline kv_chunk_ack sample(tag<kv_chunk_ack>) { return {.handle_id = 9014, .received = 6, .resend = true}; }
 inline load_report sample(tag<load_report>) {
   return {.actor = "n1/decode0", .queued = 5, .running = 60, .free_blocks = 100, .total_blocks = 4096};
 }

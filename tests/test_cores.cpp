@@ -1082,7 +1082,7 @@ struct prefill_fixture {
       : engine({}, max_context), core(prefill_addr, s, engine) {}
 
   std::vector<outgoing> request(uint64_t seq, std::vector<int32_t> tokens, int64_t deadline_ms = 0) {
-    core.on_request(from(router_addr, deadline_ms), msg::prefill_request{seq, std::move(tokens), {}}, now);
+    core.on_request(from(router_addr, deadline_ms), msg::prefill_request{seq, std::move(tokens), {}, {}}, now);
     return core.out().take();
   }
   /// One whole engine step; false when there was no work.
@@ -1287,7 +1287,7 @@ TEST_CASE("prefill records each prompt's queue, compute and registration hops") 
 
 TEST_CASE("a prompt's queue time starts when the node received it, not when the busy actor read it") {
   prefill_fixture p;
-  p.core.on_request(from(router_addr), msg::prefill_request{1, prompt_of(10), {}}, p.now + 30, p.now);
+  p.core.on_request(from(router_addr), msg::prefill_request{1, prompt_of(10), {}, {}}, p.now + 30, p.now);
   p.now += 50;
   CHECK(p.step());
   const auto c = p.core.counters();

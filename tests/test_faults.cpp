@@ -73,6 +73,7 @@ struct deployment_params {
   uint32_t stream_window = 2;
   uint32_t prefill_blocks = 1024;
   uint32_t decode_blocks = 1024;
+  std::string stream_prefill = "off";  // "chunks": KV streams during prefill
   std::map<char, std::string> faults;  // node ('a', 'b', 'c') -> $DUET_TRANSPORT_FAULT
 };
 
@@ -187,6 +188,7 @@ class deployment {
     // same-host shared-pool path exists and would be chosen by default.
     const auto keys = config_keys();
     if (std::find(keys.begin(), keys.end(), "broker.transfer") != keys.end()) t << "transfer = \"stream\"\n";
+    if (p.stream_prefill != "off") t << "stream_prefill = \"" << p.stream_prefill << "\"\n";
     t
       << "[transport]\npeer_timeout_ms = 1000\nheartbeat_ms = 200\n"
       << "[[nodes]]\nname = \"a\"\nendpoint = \"" << endpoints_.at('a') << "\"\n"
@@ -562,6 +564,42 @@ TEST_CASE("lost kv_chunk, kv_chunk_ack, kv_confirm, kv_release or kv_moved: ever
               "; all final within ", finals_s, " s; pools full ", full.value_or(-1), " s after that");
     }
   }
+}
+
+TEST_CASE("KV streamed during prefill with chunks and acks lost and delayed: every request ends, successful "
+          "ones with the fault-free tokens, and no block is leaked") {
+  deployment_params p;
+  p.stream_prefill = "chunks";
+  p.faults['b'] = "seed:6,drop:kv_chunk:0.02,delay:kv_chunk:30ms:0.05";
+  p.faults['c'] = "seed:7,drop:kv_chunk_ack:0.02";
+  deployment d(p);
+  REQUIRE(d.wait_ready(10s));
+  tracker t(d.requests());
+  submit_workload(t);
+  REQUIRE(t.wait_all_final(15s));
+  check_finals_and_tokens(t);
+  CHECK(d.log_count('b', "dropped kv_chunk") > 0);
+  CHECK(d.log_count('c', "dropped kv_chunk_ack") > 0);
+  std::string detail;
+  const auto full = d.wait_pools_full(all_pools, std::chrono::milliseconds(p.lease_ms + 2000 + 3000), detail);
+  CHECK_MESSAGE(full, detail);
+  std::map<std::string, std::map<std::string, uint64_t>> counters;
+  for (int attempt = 0; attempt < 10 && counters.size() < 2; ++attempt) {
+    for (auto& r : d.observer().stats({"c/decode0", "b/prefill0"}, 1s)) {
+      if (r.actor == "c/decode0" || r.actor == "b/prefill0") counters[r.actor] = r.counters;
+    }
+  }
+  REQUIRE(counters.size() == 2);
+  const uint64_t early = counters["c/decode0"]["early_adoptions"];
+  CHECK(counters["b/prefill0"]["stream_prefill_streams"] == workload.size());  // every prompt began during prefill
+  CHECK(early > 0);
+  // Lost chunks were sent again after the adopter acked what it had.
+  CHECK(counters["c/decode0"]["stream_gaps"] > 0);
+  CHECK(counters["b/prefill0"]["stream_resends"] > 0);
+  MESSAGE("decode: stream_gaps ", counters["c/decode0"]["stream_gaps"], ", prefill: stream_resends ",
+          counters["b/prefill0"]["stream_resends"]);
+  MESSAGE("streamed during prefill: outcomes ", histogram_text(outcome_histogram(t)), "; ", early,
+          " adoptions found their KV begun; pools full ", full.value_or(-1), " s after the last final");
 }
 
 TEST_CASE("delayed and reordered KV messages: every request ends, successful ones with the fault-free tokens, "

@@ -94,10 +94,12 @@ std::string one_node_toml(const std::string& endpoint, const std::string& transf
          actor_toml("decode0", "decode");
 }
 
-/// Two nodes: p = router, broker, prefill0; d = decode0. `stream` forces the stream path.
-std::string two_node_toml(const std::string& ep_p, const std::string& ep_d, bool stream) {
+/// Two nodes: p = router, broker, prefill0; d = decode0. `stream` forces the stream path;
+/// `stream_prefill` also streams each prompt's blocks during its prefill.
+std::string two_node_toml(const std::string& ep_p, const std::string& ep_d, bool stream, bool stream_prefill = false) {
   std::string t = common_toml();
   if (stream) t += "transfer = \"stream\"\n";  // [broker] is the last table of common_toml()
+  if (stream_prefill) t += "stream_prefill = \"chunks\"\n";
   return t + "[[nodes]]\nname = \"p\"\nendpoint = \"" + ep_p + "\"\n" + actor_toml("router", "router") +
          actor_toml("broker", "broker") + actor_toml("prefill0", "prefill") + "[[nodes]]\nname = \"d\"\nendpoint = \"" +
          ep_d + "\"\n" + actor_toml("decode0", "decode");
@@ -432,4 +434,53 @@ TEST_CASE("a worker whose engine step runs past the stall limit is taken for stu
   CHECK(finish->reason == msg::finish_reason::error);
   CHECK(finish->message.find("local/prefill0 stopped answering") != std::string::npos);
   n.stop();
+}
+
+/// A prompt of about `tokens` tokens through the chat template: a long passage to summarize.
+std::vector<int32_t> long_prompt(const deployment_config& config, std::size_t tokens) {
+  const auto codec = make_text_codec(config);
+  const auto chat = make_chat_renderer(*codec);
+  std::string text = "Summarize this passage in one sentence:";
+  std::vector<int32_t> out;
+  for (int i = 0; out.size() < tokens; ++i) {
+    text += " The river " + std::to_string(i) + " runs past the old mill, and the miller counts the sacks.";
+    const std::vector<chat_message> messages{{"user", text}};
+    out = codec->encode(chat->render(messages, true), chat->add_special_tokens());
+  }
+  return out;
+}
+
+TEST_CASE("with stream_prefill a long prompt's KV streams to the decode process during its prefill, "
+          "tokens unchanged") {
+  if (!have_model()) return;
+  const std::string ep_p = "ipc:///tmp/" + unique("duet-pipe-sp") + ".sock";
+  const std::string ep_d = "ipc:///tmp/" + unique("duet-pipe-sd") + ".sock";
+  testing::temp_file file(unique("duet-pipe-stream-prefill") + ".toml", two_node_toml(ep_p, ep_d, true, true));
+  const auto config = load_config(file.path);
+  auto prompts = chat_prompts(config);
+  prompts.push_back(long_prompt(config, 880));  // two 512-token chunks
+  REQUIRE(prompts.back().size() > 512);
+  const auto expected = reference_tokens(config, prompts);
+
+  testing::child_process p({testing::duet_binary(), "node", "--config", file.path.string(), "--name", "p"});
+  testing::child_process d({testing::duet_binary(), "node", "--config", file.path.string(), "--name", "d"});
+  client c(ep_p, "p/router");
+  REQUIRE(wait_ready(c, "p/router", 30s));
+  const auto got = serve(c, prompts);
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    INFO("prompt " << i << " of " << prompts[i].size() << " tokens");
+    CHECK(got[i] == expected[i]);
+  }
+  const auto stats = c.stats({"d/decode0", "p/prefill0", "p/broker"}, 2s);
+  REQUIRE(stats.size() == 3);
+  // Every prompt's blocks left before the broker's kv_send; the long one's first chunk's
+  // while its second computed.
+  CHECK(counter(stats, "p/prefill0", "stream_prefill_streams") == prompts.size());
+  CHECK(counter(stats, "d/decode0", "early_adoptions") == prompts.size());
+  CHECK(counter(stats, "d/decode0", "early_bytes_received") > 0);
+  CHECK(counter(stats, "d/decode0", "path_tcp") == prompts.size());
+  CHECK(counter(stats, "d/decode0", "transfer_failures") == 0);
+  CHECK(counter(stats, "d/decode0", "early_expired") == 0);
+  std::string detail;
+  CHECK_MESSAGE(pools_return_to_full(c, {"p/prefill0", "d/decode0", "p/broker"}, detail), detail);
 }
