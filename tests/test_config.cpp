@@ -366,10 +366,25 @@ smshare = 0.5
                 "'sm_share'?");
 }
 
+TEST_CASE("stream_prefill needs the stream path and an engine with KV bytes") {
+  const std::string cpu = "[model]\nname = \"m\"\npath = \"m.gguf\"\n[engine]\nkind = \"cpu\"\n";
+  CHECK_REJECTS(cpu + "[broker]\nstream_prefill = \"chunks\"\n" + one_node,
+                "key 'broker.stream_prefill': \"chunks\" streams KV over the stream path: it needs "
+                "broker.transfer = \"stream\" (got \"auto\")");
+  CHECK_REJECTS("[broker]\ntransfer = \"stream\"\nstream_prefill = \"chunks\"\n" + one_node,
+                "key 'broker.stream_prefill': \"chunks\" needs an engine that holds KV bytes (cpu or cuda), not the "
+                "sim engine");
+  CHECK_REJECTS("[broker]\nstream_prefill = \"layers\"\n" + one_node, "broker.stream_prefill");
+  const auto ok = duet::parse_config(cpu + "[broker]\ntransfer = \"stream\"\nstream_prefill = \"chunks\"\n" + one_node,
+                                     "t.toml");
+  CHECK(ok.broker.stream_prefill == "chunks");
+}
+
 TEST_CASE("an unknown key unlike any known one lists the keys its table accepts") {
   CHECK_REJECTS("[broker]\ncolour = \"red\"\n" + one_node,
                 "t.toml:2:1: key 'broker.colour': unknown key (known keys here: lease_ms, "
-                "reclaim_interval_ms, transfer_timeout_ms, stream_chunk_bytes, stream_window, transfer)");
+                "reclaim_interval_ms, transfer_timeout_ms, stream_chunk_bytes, stream_window, transfer, "
+                "stream_prefill)");
   CHECK_REJECTS("title = \"x\"\n" + one_node, "t.toml:1:1: key 'title': unknown key");
 }
 

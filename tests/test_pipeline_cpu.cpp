@@ -195,9 +195,12 @@ bool pools_return_to_full(client& c, const std::vector<std::string>& actors, std
   return false;
 }
 
-/// Submits every prompt at once (greedy) and returns each request's tokens, in prompt order.
-std::vector<std::vector<int32_t>> serve(client& c, const std::vector<std::vector<int32_t>>& prompts) {
+/// Submits every prompt at once (greedy) and returns each request's tokens, in prompt order;
+/// `gaps`, when given, gets each request's seconds from its first token to its second.
+std::vector<std::vector<int32_t>> serve(client& c, const std::vector<std::vector<int32_t>>& prompts,
+                                        std::vector<double>* gaps = nullptr) {
   std::map<uint64_t, std::vector<int32_t>> tokens;
+  std::map<uint64_t, std::vector<steady::time_point>> token_times;
   std::map<uint64_t, msg::finish> finishes;
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     msg::submit s;
@@ -214,6 +217,7 @@ std::vector<std::vector<int32_t>> serve(client& c, const std::vector<std::vector
       if (e.what == client_event::kind::tokens) {
         auto& t = tokens[e.request_id];
         t.insert(t.end(), e.tokens.begin(), e.tokens.end());
+        token_times[e.request_id].insert(token_times[e.request_id].end(), e.tokens.size(), steady::now());
       }
       if (e.what == client_event::kind::finished) finishes[e.request_id] = e.finish;
     }
@@ -226,6 +230,8 @@ std::vector<std::vector<int32_t>> serve(client& c, const std::vector<std::vector
     CHECK((f.reason == msg::finish_reason::stop || f.reason == msg::finish_reason::length));
     CHECK(f.completion_tokens == tokens[i + 1].size());
     out.push_back(tokens[i + 1]);
+    const auto& times = token_times[i + 1];
+    if (gaps) gaps->push_back(times.size() >= 2 ? std::chrono::duration<double>(times[1] - times[0]).count() : -1);
   }
   return out;
 }
@@ -450,37 +456,50 @@ std::vector<int32_t> long_prompt(const deployment_config& config, std::size_t to
   return out;
 }
 
-TEST_CASE("with stream_prefill a long prompt's KV streams to the decode process during its prefill, "
-          "tokens unchanged") {
-  if (!have_model()) return;
+/// Two processes over the stream path, `stream_prefill` on or off: the prompts' tokens against
+/// `expected`, the counters, the pools; returns each request's first-to-second-token seconds.
+std::vector<double> serve_streaming(const std::vector<std::vector<int32_t>>& prompts,
+                                    const std::vector<std::vector<int32_t>>& expected, bool stream_prefill) {
+  CAPTURE(stream_prefill);
   const std::string ep_p = "ipc:///tmp/" + unique("duet-pipe-sp") + ".sock";
   const std::string ep_d = "ipc:///tmp/" + unique("duet-pipe-sd") + ".sock";
-  testing::temp_file file(unique("duet-pipe-stream-prefill") + ".toml", two_node_toml(ep_p, ep_d, true, true));
-  const auto config = load_config(file.path);
-  auto prompts = chat_prompts(config);
-  prompts.push_back(long_prompt(config, 880));  // two 512-token chunks
-  REQUIRE(prompts.back().size() > 512);
-  const auto expected = reference_tokens(config, prompts);
-
+  testing::temp_file file(unique("duet-pipe-stream-prefill") + ".toml", two_node_toml(ep_p, ep_d, true, stream_prefill));
   testing::child_process p({testing::duet_binary(), "node", "--config", file.path.string(), "--name", "p"});
   testing::child_process d({testing::duet_binary(), "node", "--config", file.path.string(), "--name", "d"});
   client c(ep_p, "p/router");
   REQUIRE(wait_ready(c, "p/router", 30s));
-  const auto got = serve(c, prompts);
+  std::vector<double> gaps;
+  const auto got = serve(c, prompts, &gaps);
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     INFO("prompt " << i << " of " << prompts[i].size() << " tokens");
     CHECK(got[i] == expected[i]);
   }
   const auto stats = c.stats({"d/decode0", "p/prefill0", "p/broker"}, 2s);
   REQUIRE(stats.size() == 3);
-  // Every prompt's blocks left before the broker's kv_send; the long one's first chunk's
-  // while its second computed.
-  CHECK(counter(stats, "p/prefill0", "stream_prefill_streams") == prompts.size());
-  CHECK(counter(stats, "d/decode0", "early_adoptions") == prompts.size());
-  CHECK(counter(stats, "d/decode0", "early_bytes_received") > 0);
+  // With stream_prefill every prompt's blocks left before the broker's kv_send; the long
+  // one's first chunk's while its second computed.
+  const uint64_t streamed = stream_prefill ? prompts.size() : 0;
+  CHECK(counter(stats, "p/prefill0", "stream_prefill_streams") == streamed);
+  CHECK(counter(stats, "d/decode0", "early_adoptions") == streamed);
+  CHECK((counter(stats, "d/decode0", "early_bytes_received") > 0) == stream_prefill);
   CHECK(counter(stats, "d/decode0", "path_tcp") == prompts.size());
   CHECK(counter(stats, "d/decode0", "transfer_failures") == 0);
   CHECK(counter(stats, "d/decode0", "early_expired") == 0);
   std::string detail;
   CHECK_MESSAGE(pools_return_to_full(c, {"p/prefill0", "d/decode0", "p/broker"}, detail), detail);
+  return gaps;
+}
+
+TEST_CASE("with stream_prefill a long prompt's KV streams to the decode process during its prefill, "
+          "tokens unchanged") {
+  if (!have_model()) return;
+  const auto config = parse_config(two_node_toml("ipc:///tmp/x.sock", "ipc:///tmp/y.sock", true, true), "sp.toml");
+  auto prompts = chat_prompts(config);
+  prompts.push_back(long_prompt(config, 880));  // two 512-token chunks
+  REQUIRE(prompts.back().size() > 512);
+  const auto expected = reference_tokens(config, prompts);
+  const auto after = serve_streaming(prompts, expected, false);
+  const auto during = serve_streaming(prompts, expected, true);
+  MESSAGE("long prompt (" << prompts.back().size() << " tokens), first to second token: " << after.back() * 1e3
+                          << " ms with the KV streamed after prefill, " << during.back() * 1e3 << " ms during it");
 }
