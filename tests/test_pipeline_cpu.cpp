@@ -416,11 +416,15 @@ TEST_CASE("a prompt's first token leaves before the next prompt's chunk computes
 
 TEST_CASE("a worker whose engine step runs past the stall limit is taken for stuck and its request answered") {
   if (!have_model()) return;
-  const auto config = parse_config(one_node_toml("inproc://" + unique("duet-pipe-stall")), "pipeline-stall.toml");
+  // A short peer timeout, so a step of a second or more (any machine, 512 tokens on one core)
+  // outlasts stall limit + timeout.
+  const auto config = parse_config(one_node_toml("inproc://" + unique("duet-pipe-stall")) +
+                                       "[transport]\npeer_timeout_ms = 1000\nheartbeat_ms = 200\n",
+                                   "pipeline-stall.toml");
   caf::actor_system_config cfg;
   caf::actor_system system{cfg};
   actor_timing timing;
-  timing.step_stall = 500ms;  // a 512-token step on one core takes seconds
+  timing.step_stall = 300ms;  // a 512-token step on one core takes seconds
   node n(system, config, "local", timing);
   client c(config.nodes[0].endpoint, "local/router");
   REQUIRE(wait_ready(c, "local/router", 30s));
