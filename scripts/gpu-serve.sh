@@ -472,17 +472,20 @@ if has fidelity; then
       echo "--- out of time: $1 skipped"
     fi
   }
-  if [ "$fspan" -lt 20 ]; then
-    echo "fidelity: only ${fspan} s of replay would fit before ${DEADLINE} s: skipped"
-  elif [ ! -x "$BUILD/duet" ] || [ ! -f "$CKPT/config.json" ]; then
-    echo "fidelity: no $BUILD/duet or $CKPT (stages build,ckpt): skipped"
-  elif [ "${GPU_SERVE_FID_ONLY:-}" = colocated ]; then  # the colocated replay alone (~130 s)
+  fid_colocated() {  # the colocated deployment: start, warm up, replay the window, stop
     UP_T0=$SECONDS
     up_start conv3-colocated 0 colocated 0
     if warm_up conv3-colocated 0 "$(wait_for $((fspan + DRAIN)))"; then
       fid_replay conv3-colocated 0 0
     fi
     up_stop conv3-colocated 0
+  }
+  if [ "$fspan" -lt 20 ]; then
+    echo "fidelity: only ${fspan} s of replay would fit before ${DEADLINE} s: skipped"
+  elif [ ! -x "$BUILD/duet" ] || [ ! -f "$CKPT/config.json" ]; then
+    echo "fidelity: no $BUILD/duet or $CKPT (stages build,ckpt): skipped"
+  elif [ "${GPU_SERVE_FID_ONLY:-}" = colocated ]; then  # the colocated replay alone (~130 s)
+    fid_colocated
   else
     UP_T0=$SECONDS
     up_start conv3-pd-streams 1 streams 0
@@ -510,12 +513,7 @@ if has fidelity; then
     up_stop conv3-pd-streams 1
     lim=$(limit_for $STARTUP)
     if [ "$lim" -gt 0 ]; then
-      UP_T0=$SECONDS
-      up_start conv3-colocated 0 colocated 0
-      if warm_up conv3-colocated 0 "$(wait_for $((fspan + DRAIN)))"; then
-        fid_replay conv3-colocated 0 0
-      fi
-      up_stop conv3-colocated 0
+      fid_colocated
     else
       echo "--- out of time: colocated skipped"
     fi
