@@ -5,8 +5,10 @@
 // Floors: decode = (weights read + KV read) / copy bandwidth; prefill = FLOPs / the GEMM rate
 // measured here on the model's M=8192 shapes.
 //
-//   bench_cuda_engine MODEL_DIR OUT.json [--bandwidth TBps] [--decode-only] [--prefill-only] [--quick]
-// (--prefill-only: the GEMM rates and the prefill rows, 256 to 32K tokens, for a calibration)
+//   bench_cuda_engine MODEL_DIR OUT.json [--bandwidth TBps] [--decode-only] [--prefill-only]
+//                     [--kernels-only] [--quick]
+// (--prefill-only: the GEMM rates and the prefill rows, 256 to 32K tokens, for a calibration;
+// --kernels-only: the kernel rates alone, for which MODEL_DIR needs only config.json)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -101,19 +103,20 @@ int main(int argc, char** argv) {
   if (argc < 3) {
     std::fprintf(stderr,
                  "usage: bench_cuda_engine MODEL_DIR OUT.json [--bandwidth TBps] [--decode-only] "
-                 "[--prefill-only] [--quick]\n");
+                 "[--prefill-only] [--kernels-only] [--quick]\n");
     return 2;
   }
   const std::filesystem::path dir = argv[1];
   const std::string out_file = argv[2];
   double bandwidth = 4.28e12;
-  bool decode_only = false, prefill_only = false, quick = false;
+  bool decode_only = false, prefill_only = false, kernels_only = false, quick = false;
   for (int i = 3; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--bandwidth") && i + 1 < argc)
       bandwidth = std::atof(argv[++i]) * 1e12;
     if (!std::strcmp(argv[i], "--decode-only")) decode_only = true;
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     if (!std::strcmp(argv[i], "--prefill-only")) prefill_only = true;
+    if (!std::strcmp(argv[i], "--kernels-only")) kernels_only = true;
   }
   try {
     json report;
@@ -202,7 +205,8 @@ int main(int argc, char** argv) {
       const int ctx = 8192;
       const uint32_t seq_blocks = ctx / bt;
       const uint32_t batch = quick ? 8 : 64;
-      k::kv_pool_view kv{nullptr, k::kv_block_elems(1, kvh, 128, bt), 1, kvh, 128, bt};
+      k::kv_pool_view kv{nullptr, k::kv_block_elems(1, kvh, 128, bt), 1, kvh, 128, bt,
+                         seq_blocks * batch};
       dmem pool(kv.block_elems * 2 * seq_blocks * batch);
       kv.pool = pool.as<uint16_t>();
       std::vector<int32_t> table(seq_blocks * batch);
@@ -230,17 +234,28 @@ int main(int argc, char** argv) {
       p.heads = heads;
       p.kv_heads = kvh;
       p.scale = 1.0f / std::sqrt(128.0f);
-      const double flops = 4.0 * (double(ctx) * (ctx + 1) / 2) * heads * 128;
       double ms = 0;
-      for (uint32_t variant : {1u, 2u, 3u, 0u}) {
-        p.variant = variant;
-        ms = time_device([&] { k_ok(k::prefill_attention(p, nullptr)); }, 1, 5);
-        const std::string v = "_v" + std::to_string(variant);
-        kr["prefill_attention_8K_TFLOPs" + v] = flops / ms / 1e9;
-        kr["prefill_attention_8K_layer_ms" + v] = ms;
-        std::printf("prefill attention 8K (one layer, causal), variant %u: %.2f ms, %.0f TFLOP/s\n",
-                    variant, ms, flops / ms / 1e9);
+      // One 8K prompt, and the last 8K chunk of a 32K one (the engine's 8K chunks attend to
+      // every earlier chunk's keys).
+      for (const int start : {0, 3 * ctx}) {
+        const std::string shape = start ? "32K_last_chunk" : "8K";
+        meta[2] = start;
+        cuda_ok(cudaMemcpy(dmeta.p, meta.data(), 16, cudaMemcpyHostToDevice), "meta");
+        const double flops = 4.0 * (double(ctx) * start + double(ctx) * (ctx + 1) / 2) * heads * 128;
+        for (uint32_t variant : {1u, 2u, 3u, 0u, 4u, 5u}) {
+          if (variant >= 4 && !k::prefill_attention_wgmma_available()) continue;
+          if (start && (variant == 1 || variant == 2)) continue;
+          p.variant = variant;
+          ms = time_device([&] { k_ok(k::prefill_attention(p, nullptr)); }, 1, 5);
+          const std::string v = "_v" + std::to_string(variant);
+          kr["prefill_attention_" + shape + "_TFLOPs" + v] = flops / ms / 1e9;
+          kr["prefill_attention_" + shape + "_layer_ms" + v] = ms;
+          std::printf("prefill attention %s (one layer, causal), variant %u: %.2f ms, %.0f TFLOP/s\n",
+                      shape.c_str(), variant, ms, flops / ms / 1e9);
+        }
       }
+      meta[2] = 0;
+      cuda_ok(cudaMemcpy(dmeta.p, meta.data(), 16, cudaMemcpyHostToDevice), "meta");
       // Decode attention: `batch` sequences of 8K keys.
       std::vector<int32_t> lens(batch, ctx), at(batch);
       for (uint32_t b = 0; b < batch; ++b) at[b] = static_cast<int32_t>(b * seq_blocks);
@@ -284,6 +299,10 @@ int main(int argc, char** argv) {
       }
     }
     report["kernels"] = kr;
+    if (kernels_only) {
+      std::ofstream(out_file) << report.dump(1) << "\n";
+      return 0;
+    }
 
     // ------------------------------------------------------------------ the engine
     cuda_engine_params params;

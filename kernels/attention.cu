@@ -1,6 +1,8 @@
 #include <cfloat>
 
 #include "kernels/attention.cuh"
+#include "kernels/attention_tile.cuh"
+#include "kernels/attention_wgmma.cuh"
 #include "kernels/device_util.cuh"
 #include "kernels/launch.cuh"
 
@@ -110,19 +112,24 @@ __device__ __forceinline__ void load_kv_rows(uint16_t* dst, const kv_pool_view& 
   }
 }
 
-/// Copies half `half` (chunks 8 half .. 8 half + 7) of row `row` of a K or V tile: the key's
-/// (block, slot) were resolved by the caller, once per tile; an invalid key gives zeros.
+/// Copies the chunks of parity `par` (chunks 2 i + par) of row `row` of a K or V tile, a thread
+/// pair covering the row: each 16-byte copy of a warp then has its sector's other half copied by
+/// the lane beside it, so L2 serves whole 32-byte sectors (one half-row per thread read each sector
+/// twice and kept L2 60-68 % busy at 220 TFLOP/s, ncu on the H200). The key's (block, slot) were
+/// resolved by the caller, once per tile; an invalid key gives zeros.
 __device__ __forceinline__ void load_half_row(uint16_t* dst, const kv_pool_view& kv, uint32_t layer,
                                               uint32_t kv_sel, uint32_t kv_head, int32_t block,
-                                              uint32_t slot, int row, int half, bool valid) {
+                                              uint32_t slot, int row, int par, bool valid) {
   const uint16_t* src = kv.pool;
   if (valid) {
     src = kv.pool + static_cast<uint64_t>(block) * kv.block_elems +
-          kv.offset(layer, kv_sel, kv_head, slot) + half * 64;
+          kv.offset(layer, kv_sel, kv_head, slot);
   }
 #pragma unroll
-  for (int i = 0; i < 8; ++i)
-    dev::cp_async16(dst + dev::swz(row, half * 8 + i), valid ? src + i * 8 : src, valid);
+  for (int i = 0; i < 8; ++i) {
+    const int c = 2 * i + par;
+    dev::cp_async16(dst + dev::swz(row, c), valid ? src + c * 8 : src, valid);
+  }
 }
 
 // ----------------------------------------------------------------------------------- prefill
@@ -404,54 +411,6 @@ __device__ __forceinline__ void pv_tile_mt(float (&o)[MT][16][4], const float (&
   }
 }
 
-/// softmax_update with FlashAttention-4's conditional rescaling: a 16-row tile's running maxima
-/// move (and O and l are rescaled) only when some row's new maximum exceeds its running one by
-/// more than 8 in log2 units; otherwise the probabilities are taken against the stale maxima. They
-/// are then at most 2^8, exact in fp32 and as precise in bf16, and O / l is the same quotient.
-/// Measured no faster than softmax_update by itself, but with the rescale in a warp-uniform branch
-/// the 64-key sub-tile kernel spills 20 bytes instead of 92, and that one is the fastest.
-template <int NT>
-__device__ __forceinline__ void softmax_update_lazy(float (&s)[NT][4], float (&m)[2],
-                                                    float (&l)[2], float (&o)[16][4],
-                                                    float scale_log2) {
-  float mx[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    mx[r] = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) mx[r] = fmaxf(mx[r], fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-  }
-  // -inf running maxima (nothing seen yet) always grow; a -inf row maximum never does.
-  const bool grow = (mx[0] - m[0]) * scale_log2 > 8.0f || (mx[1] - m[1]) * scale_log2 > 8.0f;
-  if (__any_sync(0xffffffffu, grow)) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float m_new = fmaxf(m[r], mx[r]);
-      const float alpha =
-          m_new == -INFINITY ? 1.0f : exp2f(m[r] * scale_log2 - m_new * scale_log2);
-      m[r] = m_new;
-      l[r] *= alpha;
-#pragma unroll
-      for (int nt = 0; nt < 16; ++nt) {
-        o[nt][2 * r] *= alpha;
-        o[nt][2 * r + 1] *= alpha;
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float base = m[r] == -INFINITY ? 0.0f : m[r] * scale_log2;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      s[nt][2 * r] = exp2f(fmaf(s[nt][2 * r], scale_log2, -base));
-      s[nt][2 * r + 1] = exp2f(fmaf(s[nt][2 * r + 1], scale_log2, -base));
-      l[r] += s[nt][2 * r] + s[nt][2 * r + 1];
-    }
-  }
-}
-
 /// The CTA's 128 rows are (token, query head) pairs of one KV head's group, row v = token
 /// v / group, head v % group, so the K/V tiles it stages serve every query head that reads them
 /// (GQA: a quarter of the shared-memory fills for the 8B shape's group of 4; 204 against 187
@@ -561,7 +520,7 @@ __global__ void __launch_bounds__(pf_threads, 2) prefill_kernel_v3(prefill_atten
       }
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
-        softmax_update_lazy<Sub / 8>(s[mt], m[mt], l[mt], o[mt], scale_log2);
+        tile::softmax_update_lazy<Sub / 8>(s[mt], m[mt], l[mt], o[mt], scale_log2);
       pv_tile_mt<MT, Sub / 8>(o, s, k_s + tile, lane);
     }
     __syncthreads();  // every warp is done with this stage before iteration j + 1 refills it
@@ -922,11 +881,13 @@ kstatus prefill_attention(const prefill_attention_params& p, cudaStream_t stream
   DUET_KREQUIRE(p.heads <= 65535 && p.seqs <= 65535,
                 "prefill_attention: too many heads or sequences");
   if (p.seqs == 0 || p.max_seq_rows == 0) return {};
-  DUET_KREQUIRE(p.variant <= 3, "prefill_attention: variant must be 0, 1, 2 or 3");
+  DUET_KREQUIRE(p.variant <= 5, "prefill_attention: variant must be 0 to 5");
   DUET_KREQUIRE(uint64_t{p.max_seq_rows} * (p.heads / p.kv_heads) < (1u << 31),
                 "prefill_attention: too many rows");
   const dim3 grid((p.max_seq_rows + pf_rows - 1) / pf_rows, p.heads, p.seqs);
   switch (p.variant) {
+    case 4:
+    case 5: return prefill_attention_wgmma(p, stream);
     case 0: {
       const uint32_t vrows = p.max_seq_rows * (p.heads / p.kv_heads);
       const dim3 grid0((vrows + pf3_rows - 1) / pf3_rows, p.kv_heads, p.seqs);
@@ -974,8 +935,8 @@ kstatus decode_attention(const decode_attention_params& p, cudaStream_t stream) 
       "decode_attention: null pointer");
   DUET_KREQUIRE(p.batch <= 65535, "decode_attention: batch over 65535");
   if (p.batch == 0) return {};
-  // Variants 2 and 3 exist for prefill only; decode runs its default then.
-  DUET_KREQUIRE(p.variant <= 3, "decode_attention: variant must be 0 to 3");
+  // Variants 2 to 5 exist for prefill only; decode runs its default then.
+  DUET_KREQUIRE(p.variant <= 5, "decode_attention: variant must be 0 to 5");
   const dim3 grid(p.max_splits, p.kv_heads, p.batch);
   if (p.variant == 1) {
     DUET_KCHECK(

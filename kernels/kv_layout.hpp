@@ -22,6 +22,8 @@ struct kv_pool_view {
   uint32_t kv_heads = 0;
   uint32_t head_dim = 0;
   uint32_t block_tokens = 0;
+  uint32_t blocks = 0;  // blocks the pool holds, when known (0: not); prefill attention variant 5
+                        // needs it to bound its TMA view of the pool
 
   /// Elements from a block's start to token `slot` of (layer, kv, kv_head).
   [[nodiscard]] DUET_HD uint64_t offset(uint32_t layer, uint32_t kv, uint32_t kv_head,

@@ -835,7 +835,8 @@ void cuda_engine::forward(const pass& ps, void* stream) {
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   const k::kv_pool_view kv{static_cast<uint16_t*>(pool_), block_elems_, c.num_hidden_layers,
-                           c.num_key_value_heads,         c.head_dim,   params_.block_tokens};
+                           c.num_key_value_heads,         c.head_dim,   params_.block_tokens,
+                           pool_slots_};
   auto* x = b.x.as<uint16_t>();
   auto* h = b.h.as<uint16_t>();
   auto* qkv = b.qkv.as<uint16_t>();
@@ -1335,6 +1336,12 @@ std::shared_ptr<void> device_allocation(int device, uint64_t bytes, uint32_t blo
     throw std::runtime_error("cuda_engine: cannot allocate a KV pool of " + std::to_string(blocks) + " blocks (" +
                              std::to_string(bytes) + " bytes): " + cudaGetErrorString(err));
   }
+  // Zeroed once: prefill attention's TMA variant copies whole blocks, and the slots past a
+  // sequence's length, multiplied by probability 0, must hold finite values.
+  if (const cudaError_t zeroed = cudaMemset(ptr, 0, bytes); zeroed != cudaSuccess) {
+    cudaFree(ptr);
+    throw std::runtime_error(std::string("cuda_engine: cannot clear the KV pool: ") + cudaGetErrorString(zeroed));
+  }
   return std::shared_ptr<void>(ptr, [device](void* p) {
     int current = 0;
     cudaGetDevice(&current);
@@ -1357,6 +1364,7 @@ void cuda_engine::allocate_pool(uint64_t block_bytes) {
     }
     pool_memory_ = device_allocation(params_.device, (uint64_t{kv_blocks_} + 1) * block_bytes, kv_blocks_);
     pool_ = pool_memory_.get();
+    pool_slots_ = kv_blocks_ + 1;
     scratch_block_ = kv_blocks_;
     return;
   }
@@ -1389,6 +1397,7 @@ void cuda_engine::allocate_pool(uint64_t block_bytes) {
   }
   pool_memory_ = shared.memory;
   pool_ = shared.base;
+  pool_slots_ = static_cast<uint32_t>(slots);
   kv_blocks_ = shared.arena->total_blocks();
   scratch_block_ = kv_blocks_ + params_.seat.member;
 }

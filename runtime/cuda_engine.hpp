@@ -146,6 +146,7 @@ class cuda_engine final : public engine {
   std::shared_ptr<void> pool_memory_;  // the pool's allocation (shared with the seat's other members)
   void* pool_ = nullptr;
   uint32_t kv_blocks_ = 0;      // usable block ids: every member's when the pool is shared
+  uint32_t pool_slots_ = 0;     // blocks addressable from pool_ (every member's, scratch included)
   uint32_t scratch_block_ = 0;  // takes the writes of padded decode rows (this engine's own)
   uint64_t block_elems_ = 0;
   int sm_count_ = 0;

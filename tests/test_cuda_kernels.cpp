@@ -327,7 +327,8 @@ paged_setup make_pool(std::mt19937& rng, uint32_t kv_heads, uint32_t block_token
   for (int len : lens) blocks += (static_cast<uint32_t>(len) + block_tokens - 1) / block_tokens;
   s.kv = kv_pool_view{nullptr, kv_block_elems(layers, kv_heads, 128, block_tokens),
                       layers,  kv_heads,
-                      128,     block_tokens};
+                      128,     block_tokens,
+                      blocks};
   s.pool = random_bf16(s.kv.block_elems * blocks, rng, 1.0f);
   std::vector<int32_t> order(blocks);
   std::iota(order.begin(), order.end(), 0);
@@ -400,7 +401,8 @@ TEST_CASE(
       r.seq_start = seq_start.data();
       r.seq_table = ps.table_at.data();
       prefill_attention_reference(r);
-      for (uint32_t variant : {0u, 1u, 2u, 3u}) {
+      for (uint32_t variant : {0u, 1u, 2u, 3u, 4u, 5u}) {
+        if (variant >= 4 && !prefill_attention_wgmma_available()) continue;
         prefill_attention_params g = p;
         g.variant = variant;
         g.q = dq.get();

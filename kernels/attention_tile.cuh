@@ -1,0 +1,58 @@
+#pragma once
+// Online-softmax step shared by the mma.sync (attention.cu) and wgmma (attention_wgmma.cu) prefill
+// kernels. A thread holds rows g and g + 8 of a 16-row tile in the mma.m16n8 accumulator layout
+// (lane = 4 g + t; s[nt] = columns 8 nt + 2 t, + 1 of both rows), which is also the layout of each
+// warp's 16 rows in a wgmma m64nN accumulator. Included by .cu files only.
+#include <cmath>
+
+namespace duet::kernels::tile {
+
+/// softmax_update with FlashAttention-4's conditional rescaling: a 16-row tile's running maxima
+/// move (and O and l are rescaled) only when some row's new maximum exceeds its running one by
+/// more than 8 in log2 units; otherwise the probabilities are taken against the stale maxima. They
+/// are then at most 2^8, exact in fp32 and as precise in bf16, and O / l is the same quotient.
+/// Measured no faster than softmax_update by itself, but with the rescale in a warp-uniform branch
+/// the 64-key sub-tile kernel spills 20 bytes instead of 92, and that one is the fastest.
+template <int NT>
+__device__ __forceinline__ void softmax_update_lazy(float (&s)[NT][4], float (&m)[2],
+                                                    float (&l)[2], float (&o)[16][4],
+                                                    float scale_log2) {
+  float mx[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) mx[r] = fmaxf(mx[r], fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+  }
+  // -inf running maxima (nothing seen yet) always grow; a -inf row maximum never does.
+  const bool grow = (mx[0] - m[0]) * scale_log2 > 8.0f || (mx[1] - m[1]) * scale_log2 > 8.0f;
+  if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m_new = fmaxf(m[r], mx[r]);
+      const float alpha =
+          m_new == -INFINITY ? 1.0f : exp2f(m[r] * scale_log2 - m_new * scale_log2);
+      m[r] = m_new;
+      l[r] *= alpha;
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) {
+        o[nt][2 * r] *= alpha;
+        o[nt][2 * r + 1] *= alpha;
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float base = m[r] == -INFINITY ? 0.0f : m[r] * scale_log2;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      s[nt][2 * r] = exp2f(fmaf(s[nt][2 * r], scale_log2, -base));
+      s[nt][2 * r + 1] = exp2f(fmaf(s[nt][2 * r + 1], scale_log2, -base));
+      l[r] += s[nt][2 * r] + s[nt][2 * r + 1];
+    }
+  }
+}
+
+}  // namespace duet::kernels::tile
