@@ -68,6 +68,7 @@ double to_fraction(std::string_view spec, std::string_view key, std::string_view
 sim_deployment deployment_from_config(const deployment_config& config) {
   sim_deployment d;
   d.name = config.source.empty() ? std::string("config") : config.source.stem().string();
+  d.policy = step_policy::stream;  // what stream = "shared" actors of one device do
   std::map<std::pair<uint32_t, int>, uint32_t> gpu_of;  // (node, device) -> GPU index
   for (uint32_t n = 0; n < config.nodes.size(); ++n) {
     const auto& node = config.nodes[n];
@@ -177,7 +178,7 @@ sim_deployment parse_deployment_spec(std::string_view spec, const deployment_con
   if (const auto* p = option("policy")) {
     const auto policy = step_policy_from_string(*p);
     if (!policy)
-      bad(spec, "policy must be alternate, prefill_first or decode_first, not '" + *p + "'");
+      bad(spec, "policy must be alternate, prefill_first, decode_first or stream, not '" + *p + "'");
     d.policy = *policy;
   }
   auto add_gpu = [&](const std::string& type) {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <stdexcept>
@@ -51,6 +52,8 @@ std::string_view to_string(step_policy policy) {
       return "prefill_first";
     case step_policy::decode_first:
       return "decode_first";
+    case step_policy::stream:
+      return "stream";
   }
   return "unknown";
 }
@@ -59,6 +62,7 @@ std::optional<step_policy> step_policy_from_string(std::string_view text) {
   if (text == "alternate") return step_policy::alternate;
   if (text == "prefill_first") return step_policy::prefill_first;
   if (text == "decode_first") return step_policy::decode_first;
+  if (text == "stream") return step_policy::stream;
   return std::nullopt;
 }
 
@@ -94,6 +98,7 @@ const std::string broker_address = "sim/broker";
 enum class event_kind : uint8_t {
   deliver,
   step_done,
+  stream_done,  // the GPU finished the work at the head of a shared stream
   arrival,
   router_tick,
   broker_reclaim,
@@ -106,8 +111,9 @@ struct event {
   int64_t t = 0;
   event_kind kind = event_kind::deliver;
   bool transferred = false;  // deliver of a kv_moved whose transfer time is paid
-  uint32_t a = 0;  // deliver: target; step_done: timeline; arrival: request; tick/report: unit
-  uint32_t payload = 0;  // deliver: slot in payloads_; step_done: the step's generation
+  uint32_t a = 0;  // deliver: target; step_done, stream_done: timeline; arrival: request;
+                   // tick/report: unit
+  uint32_t payload = 0;  // deliver: slot in payloads_; step_done, stream_done: generation
 };
 
 constexpr uint32_t target_client = 0;
@@ -115,13 +121,41 @@ constexpr uint32_t target_router = 1;
 constexpr uint32_t target_broker = 2;
 constexpr uint32_t first_unit = 3;
 
+/// The sim engine of a worker, counting the tokens its last prefill call sampled: on a shared
+/// stream, a cuda engine's prefill step that sampled tokens syncs the stream twice
+/// (runtime/cuda_engine.cpp: after copying the tokens back, and before returning).
+class tally_engine final : public engine {
+ public:
+  explicit tally_engine(std::shared_ptr<sim_engine> inner) : inner_(std::move(inner)) {}
+  [[nodiscard]] const engine_info& info() const override { return inner_->info(); }
+  [[nodiscard]] step_output prefill(std::span<const prefill_chunk> chunks) override {
+    sampled_ = static_cast<uint32_t>(
+        std::count_if(chunks.begin(), chunks.end(), [](const prefill_chunk& c) { return c.last; }));
+    return inner_->prefill(chunks);
+  }
+  [[nodiscard]] step_output decode(std::span<const decode_slot> slots) override {
+    sampled_ = 0;  // one sync, after copying the tokens back
+    return inner_->decode(slots);
+  }
+  /// Prompts whose last chunk the latest prefill call computed (0 after a decode call).
+  [[nodiscard]] uint32_t last_prefill_sampled() const { return sampled_; }
+
+ private:
+  std::shared_ptr<sim_engine> inner_;
+  uint32_t sampled_ = 0;
+};
+
 struct unit {
   sim_worker spec;
-  std::shared_ptr<sim_engine> engine;
+  std::unique_ptr<tally_engine> engine;
   std::unique_ptr<prefill_core> prefill;
   std::unique_ptr<decode_core> decode;
   uint32_t timeline = 0;
   uint32_t kv_blocks = 0;
+  // On a shared stream (step_policy::stream): a step is enqueued, not yet returned.
+  bool in_step = false;
+  bool second_sync = false;   // the step sampled tokens (prefill): it syncs once more
+  uint64_t wait_serial = 0;   // its last sync waits for this queued item (0: none)
 
   outbox& out() { return prefill ? prefill->out() : decode->out(); }
   [[nodiscard]] msg::load_report load() const { return prefill ? prefill->load() : decode->load(); }
@@ -134,10 +168,20 @@ struct unit {
   }
 };
 
+/// One step's GPU work queued on a shared stream.
+struct stream_item {
+  uint32_t unit = 0;
+  uint64_t serial = 0;  // from 1, in enqueue order
+  int64_t work_ns = 0;
+};
+
 struct timeline {
   uint32_t gpu = 0;
   std::vector<uint32_t> units;  // indices into units_
-  bool busy = false;
+  bool stream = false;          // step_policy::stream with several workers: a FIFO of work
+  std::deque<stream_item> fifo;  // stream: the front runs on the GPU
+  uint64_t serials = 0;
+  bool busy = false;  // stream: the fifo is not empty
   uint32_t running = 0;
   size_t last = 0;  // position in `units` of the unit that stepped last
   int64_t step_start = 0;
@@ -309,7 +353,7 @@ class event_sim {
                                               config_.model.max_context, config_.model.block_tokens,
                                               w.sm_share, 1.0);
       }
-      u.engine = engine;
+      u.engine = std::make_unique<tally_engine>(engine);
       u.kv_blocks = w.kv_blocks > 0
                         ? w.kv_blocks
                         : kv_blocks_from_memory(config_, deployment_.gpus[w.gpu].type,
@@ -356,7 +400,10 @@ class event_sim {
       throw std::invalid_argument("deployment '" + deployment_.name +
                                   "' needs a prefill and a decode worker");
     }
-    for (auto& tl : timelines_) tl.last = tl.units.size() - 1;  // the first turn goes to units[0]
+    for (auto& tl : timelines_) {
+      tl.last = tl.units.size() - 1;  // the first turn goes to units[0]
+      tl.stream = deployment_.policy == step_policy::stream && tl.units.size() > 1;
+    }
     // Every transfer a request can need must have a link with bandwidth.
     for (const auto& p : units_) {
       if (!p->prefill) continue;
@@ -485,6 +532,8 @@ class event_sim {
       case event_kind::step_done:
         if (e.payload != timelines_[e.a].generation) return;  // the step was pushed back
         return step_done(e.a);
+      case event_kind::stream_done:
+        return stream_done(e.a);
       case event_kind::arrival:
         return arrive(e.a);
       case event_kind::router_tick:
@@ -696,6 +745,7 @@ class event_sim {
 
   void kick(uint32_t t) {
     timeline& tl = timelines_[t];
+    if (tl.stream) return kick_stream(t);
     if (tl.busy) return;
     const size_t n = tl.units.size();
     auto try_unit = [&](size_t pos) {
@@ -765,6 +815,80 @@ class event_sim {
       other.step_end += static_cast<int64_t>(yield * static_cast<double>(decode_ns));
       push({other.step_end, event_kind::step_done, false, t, ++other.generation});
     }
+  }
+
+  // A shared CUDA stream (step_policy::stream), as two cuda engines of one process use it
+  // (runtime/cuda_engine.cpp, shared_device_stream): each worker's actor enqueues its step as
+  // soon as its core has work, whatever the other one does, and the GPU runs the queue in
+  // order. begin_step is that enqueue, so the step's batch or chunks are fixed then; the step
+  // returns (finish_step) when its cudaStreamSynchronize does, which waits for everything
+  // queued ahead of it as well as its own work. A prefill step that sampled tokens syncs once
+  // more after reading them back, by when the decode step enqueued while it ran is on the
+  // stream too: it returns only after that step. The hop_step counters read those walls.
+
+  void kick_stream(uint32_t t) {
+    timeline& tl = timelines_[t];
+    for (const uint32_t i : tl.units) {
+      unit& u = *units_[i];
+      if (u.in_step) continue;
+      const auto wait =
+          u.prefill ? u.prefill->begin_step(now_ms()) : u.decode->begin_step(now_ms());
+      if (!wait) continue;
+      u.in_step = true;
+      u.second_sync = u.prefill && u.engine->last_prefill_sampled() > 0;
+      u.wait_serial = 0;
+      tl.fifo.push_back({i, ++tl.serials, std::max<int64_t>(wait->count(), 0)});
+      if (tl.fifo.size() == 1) start_stream_head(t);
+      if (u.decode) {
+        auto& peak = counters_["sim.peak_decode_batch"];
+        peak = std::max<uint64_t>(peak, u.decode->stepping_batch());
+      }
+    }
+  }
+
+  void start_stream_head(uint32_t t) {
+    timeline& tl = timelines_[t];
+    const stream_item& head = tl.fifo.front();
+    tl.busy = true;
+    tl.running = head.unit;
+    tl.step_start = now_;
+    tl.step_end = now_ + head.work_ns;
+    push({tl.step_end, event_kind::stream_done, false, t, ++tl.generation});
+  }
+
+  void stream_done(uint32_t t) {
+    timeline& tl = timelines_[t];
+    const stream_item done = tl.fifo.front();
+    tl.fifo.pop_front();
+    tl.busy_since_sample += now_ - std::max(tl.step_start, last_sample_);
+    tl.busy = false;
+    if (!tl.fifo.empty()) start_stream_head(t);
+    // Whose sync returns now: the owner of the finished work, unless it syncs again behind
+    // what is queued now, and whoever waited for this item. The owner goes first: the other
+    // worker, a prefill worker, also waits for the broker's ack of the prompts it finished
+    // before its next step (prefill_settings::register_hold_ms).
+    std::vector<uint32_t> returning;
+    unit& owner = *units_[done.unit];
+    if (owner.second_sync && !tl.fifo.empty()) {
+      owner.wait_serial = tl.fifo.back().serial;
+      ++counters_["sim.stream_second_sync_waits"];
+    } else {
+      returning.push_back(done.unit);
+    }
+    for (const uint32_t i : tl.units) {
+      if (units_[i]->wait_serial == done.serial) returning.push_back(i);
+    }
+    for (const uint32_t i : returning) {
+      unit& u = *units_[i];
+      u.in_step = false;
+      u.wait_serial = 0;
+      if (u.prefill)
+        u.prefill->finish_step(now_ms());
+      else
+        u.decode->finish_step(now_ms());
+      kick_stream(t);
+    }
+    for (uint32_t i : tl.units) flush(units_[i]->out());
   }
 
   void step_done(uint32_t t) {

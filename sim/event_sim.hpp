@@ -81,6 +81,11 @@ enum class step_policy : uint8_t {
   alternate,      ///< take turns: a decode step waits for at most one prefill step
   prefill_first,  ///< prefill steps whenever a prompt waits (vLLM's default before chunking)
   decode_first,   ///< decode steps whenever a sequence runs
+  /// duet's `stream = "shared"`: each worker enqueues its step on the one CUDA stream as soon
+  /// as it has work, first come first run; a step ends when its host sync returns, which
+  /// also waits for work queued ahead of it, and a prefill step that sampled tokens syncs a
+  /// second time, after the other worker's step queued behind it (docs/sim.md).
+  stream,
 };
 [[nodiscard]] std::string_view to_string(step_policy policy);
 [[nodiscard]] std::optional<step_policy> step_policy_from_string(std::string_view text);
@@ -92,10 +97,11 @@ struct sim_gpu {
 };
 
 /// One prefill or decode worker: a real prefill_core or decode_core on one GPU. Workers of
-/// one GPU with sm_share 1 share the GPU's timeline (their steps never overlap: a colocated
-/// deployment) unless they have streams of their own (own_stream: concurrent, with the
-/// calibrated contention); a worker with sm_share < 1 has a timeline of its own at that share
-/// of the SMs (an SM split), so it overlaps with the others.
+/// one GPU with sm_share 1 share the GPU's timeline (their GPU work never overlaps: a
+/// colocated deployment, stepping by the deployment's step_policy) unless they have streams
+/// of their own (own_stream: concurrent, with the calibrated contention); a worker with
+/// sm_share < 1 has a timeline of its own at that share of the SMs (an SM split), so it
+/// overlaps with the others.
 struct sim_worker {
   std::string address;                    // "node/actor", as the router knows it
   actor_role role = actor_role::prefill;  // prefill | decode
@@ -109,7 +115,8 @@ struct sim_worker {
   // At sm_share 1: the engine has a stream of its own (a config actor's stream = "own") and
   // steps concurrently with the GPU's other workers, each step slowed by the calibration's
   // contention factor while another worker of the GPU is busy. Otherwise the GPU's full-share
-  // workers take turns on one timeline (stream = "shared", and the colocated specs).
+  // workers share one timeline (stream = "shared": step_policy::stream; the colocated specs:
+  // their policy).
   bool own_stream = false;
 };
 
@@ -118,6 +125,8 @@ struct sim_deployment {
   std::string name;  // shown in reports: "colocated", "1P1D", "split sm=0.6"
   std::vector<sim_gpu> gpus;
   std::vector<sim_worker> workers;
+  // Specs default to alternate (one engine taking turns); deployment_from_config sets stream
+  // (actors with stream = "shared" enqueue on one CUDA stream).
   step_policy policy = step_policy::alternate;
   std::optional<link_kind> link;  // forces the path of every transfer between two GPUs
 };

@@ -647,6 +647,66 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "on one shared stream a prompt's prefill step waits for the decode step ahead of it and, "
+    "having sampled its first token, for the decode step queued behind it; decode enqueues "
+    "first after both return") {
+  auto config = default_config();
+  config.engine.gpu = "h200";
+  for (auto& a : config.nodes[0].actors) {
+    a.device = 0;
+    a.stream = "shared";
+  }
+  const auto d = deployment_from_config(config);
+  REQUIRE(d.gpus.size() == 1);
+  CHECK(d.policy == step_policy::stream);
+  const auto shape = *find_model_shape(config.model.preset);
+  const cost_model costs(shape, *find_gpu_spec("h200"));
+  auto ns = [](double s) { return std::floor(s * 1e9) / 1e9; };  // the sim engine's truncation
+  auto prefill = [&](uint32_t n) {
+    return ns(costs.prefill_seconds(n, costs.chunk_attention_flops(n, 0)));
+  };
+  auto decode_a = [&](uint32_t k) { return ns(costs.decode_seconds(1, 1000 + k)); };  // A's step k
+  sim_options o;
+  o.hop_s = 50e-6;
+  const double h = o.hop_s;
+  // A (1000 tokens) decodes alone; B (500) reaches the prefill worker halfway through A's third
+  // decode step D3; C (300) arrives while B's chunk computes.
+  const double pa = prefill(1000), pb = prefill(500), pc = prefill(300);
+  const double a_done = 2 * h + pa;      // A's prefill step ends (nothing queued behind it)
+  const double d1_start = a_done + 6 * h;  // register, ack, prefill_done, adopt, pull, moved
+  const double d3_end = d1_start + decode_a(1) + decode_a(2) + decode_a(3);
+  const double tb = d3_end - decode_a(3) / 2 - 2 * h;
+  const double tc = d3_end + pb / 2;
+  const std::vector<trace_request> trace = {request_at(0, 1000, 40), request_at(tb, 500, 3),
+                                            request_at(tc, 300, 2)};
+
+  // B's chunk was enqueued behind D3 and D4 was enqueued behind it: B's step returns when D4
+  // does (D4 is A alone: B is not adopted yet). That is the release.
+  const double release = d3_end + pb + decode_a(4);
+  const double b_ttft = release + 4 * h - tb;  // register, ack, prefill_done, first token
+  // At the release decode enqueues D5 (still A alone) first; C's chunk goes behind it; B joins
+  // at D6 (adopted 6 hops after the release, well within D5), which C's second sync waits for.
+  const double d5 = decode_a(5);
+  const double d6 = ns(costs.decode_seconds(2, (1000 + 6) + (500 + 1)));
+  const double c_ttft = release + d5 + pc + d6 + 4 * h - tc;
+
+  const auto r = run_simulation(config, d, trace, o);
+  for (const auto& rec : r.records) REQUIRE(rec.succeeded());
+  CHECK(*r.records[0].ttft_s() == Approx(6 * h + pa).epsilon(1e-9));
+  CHECK(*r.records[1].ttft_s() == Approx(b_ttft).epsilon(1e-9));
+  CHECK(*r.records[2].ttft_s() == Approx(c_ttft).epsilon(1e-9));
+  // A's gap across B's chunk is the chunk and D4, as when steps alternate whole.
+  CHECK(r.records[0].itl_s[3] == Approx(pb + decode_a(4)).epsilon(1e-6));
+  CHECK(r.counters.at("sim.stream_second_sync_waits") == 2);  // B's and C's steps
+  // The old model (whole steps taking turns on one timeline) gives B's first token one
+  // decode step earlier: its step ended with its own chunk.
+  sim_deployment turns = d;
+  turns.policy = step_policy::alternate;
+  const auto old = run_simulation(config, turns, trace, o);
+  CHECK(*old.records[1].ttft_s() == Approx(b_ttft - decode_a(4)).epsilon(1e-9));
+}
+
+TEST_CASE(
     "on one GPU, prefill chunks between decode steps raise the P99 inter-token gap far above "
     "1P1D's") {
   const auto config = default_config();
