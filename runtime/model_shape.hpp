@@ -66,6 +66,11 @@ struct gpu_calibration {
   // ... and a prefill step in flight loses this fraction of every decode step that starts
   // during it (the decode stream has the higher priority: its kernels get the SMs first).
   std::optional<double> concurrent_prefill_yield;
+  // Engines of one GPU on one shared stream (stream = "shared", event_sim's step_policy::
+  // stream): a prefill step holds the stream this much longer than its modelled work. Fitted
+  // to the prefill step time (prefill.hop_step) the colocated serving runs measured; what
+  // the time is spent on is not broken down (docs/sim.md).
+  std::optional<double> shared_prefill_delay_s;
 };
 
 /// A GPU's spec-sheet peaks and the fractions of them reached in practice.

@@ -111,8 +111,8 @@ struct event {
   int64_t t = 0;
   event_kind kind = event_kind::deliver;
   bool transferred = false;  // deliver of a kv_moved whose transfer time is paid
-  uint32_t a = 0;  // deliver: target; step_done, stream_done: timeline; arrival: request;
-                   // tick/report: unit
+  // deliver: target; step_done, stream_done: timeline; arrival: request; tick/report: unit
+  uint32_t a = 0;
   uint32_t payload = 0;  // deliver: slot in payloads_; step_done, stream_done: generation
 };
 
@@ -154,8 +154,8 @@ struct unit {
   uint32_t kv_blocks = 0;
   // On a shared stream (step_policy::stream): a step is enqueued, not yet returned.
   bool in_step = false;
-  bool second_sync = false;   // the step sampled tokens (prefill): it syncs once more
-  uint64_t wait_serial = 0;   // its last sync waits for this queued item (0: none)
+  bool second_sync = false;  // the step sampled tokens (prefill): it syncs once more
+  uint64_t wait_serial = 0;  // its last sync waits for this queued item (0: none)
 
   outbox& out() { return prefill ? prefill->out() : decode->out(); }
   [[nodiscard]] msg::load_report load() const { return prefill ? prefill->load() : decode->load(); }
@@ -177,8 +177,8 @@ struct stream_item {
 
 struct timeline {
   uint32_t gpu = 0;
-  std::vector<uint32_t> units;  // indices into units_
-  bool stream = false;          // step_policy::stream with several workers: a FIFO of work
+  std::vector<uint32_t> units;   // indices into units_
+  bool stream = false;           // step_policy::stream with several workers: a FIFO of work
   std::deque<stream_item> fifo;  // stream: the front runs on the GPU
   uint64_t serials = 0;
   bool busy = false;  // stream: the fifo is not empty
@@ -837,7 +837,12 @@ class event_sim {
       u.in_step = true;
       u.second_sync = u.prefill && u.engine->last_prefill_sampled() > 0;
       u.wait_serial = 0;
-      tl.fifo.push_back({i, ++tl.serials, std::max<int64_t>(wait->count(), 0)});
+      int64_t work = std::max<int64_t>(wait->count(), 0);
+      if (u.prefill) {
+        const double delay = specs_[tl.gpu].calibration.shared_prefill_delay_s.value_or(0.0);
+        work += static_cast<int64_t>(std::llround(delay * 1e9));
+      }
+      tl.fifo.push_back({i, ++tl.serials, work});
       if (tl.fifo.size() == 1) start_stream_head(t);
       if (u.decode) {
         auto& peak = counters_["sim.peak_decode_batch"];

@@ -337,12 +337,17 @@ TEST_CASE(
         Approx((default_whole.decode_seconds(8, 8 * 1024) - h20.step_overhead_s) / (1.1 * std::sqrt(0.5)))
             .epsilon(1e-9));
   std::ofstream(dir / "contention.toml")
-      << "concurrent_decode_delay_s = 0.014\nconcurrent_prefill_slowdown = 1.2\nconcurrent_prefill_yield = 0.6\n";
+      << "concurrent_decode_delay_s = 0.014\nconcurrent_prefill_slowdown = 1.2\nconcurrent_prefill_yield = 0.6\n"
+         "shared_prefill_delay_s = 0.004\n";
   const auto contention = load_gpu_calibration(dir / "contention.toml");
   CHECK(contention.concurrent_decode_delay_s == Approx(0.014));
   CHECK(contention.concurrent_prefill_slowdown == Approx(1.2));
   CHECK(contention.concurrent_prefill_yield == Approx(0.6));
+  CHECK(contention.shared_prefill_delay_s == Approx(0.004));
   CHECK_FALSE(contention.concurrent_decode_slowdown.has_value());
+  std::ofstream(dir / "negative_delay.toml") << "shared_prefill_delay_s = -0.001\n";
+  CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "negative_delay.toml"); }),
+                 "must not be negative"));
   std::ofstream(dir / "speedup.toml") << "concurrent_decode_slowdown = 0.5\n";
   CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "speedup.toml"); }),
                  "a slowdown is at least 1"));
@@ -690,20 +695,40 @@ TEST_CASE(
   const double d6 = ns(costs.decode_seconds(2, (1000 + 6) + (500 + 1)));
   const double c_ttft = release + d5 + pc + d6 + 4 * h - tc;
 
-  const auto r = run_simulation(config, d, trace, o);
-  for (const auto& rec : r.records) REQUIRE(rec.succeeded());
-  CHECK(*r.records[0].ttft_s() == Approx(6 * h + pa).epsilon(1e-9));
-  CHECK(*r.records[1].ttft_s() == Approx(b_ttft).epsilon(1e-9));
-  CHECK(*r.records[2].ttft_s() == Approx(c_ttft).epsilon(1e-9));
-  // A's gap across B's chunk is the chunk and D4, as when steps alternate whole.
-  CHECK(r.records[0].itl_s[3] == Approx(pb + decode_a(4)).epsilon(1e-6));
-  CHECK(r.counters.at("sim.stream_second_sync_waits") == 2);  // B's and C's steps
-  // The old model (whole steps taking turns on one timeline) gives B's first token one
-  // decode step earlier: its step ended with its own chunk.
-  sim_deployment turns = d;
-  turns.policy = step_policy::alternate;
-  const auto old = run_simulation(config, turns, trace, o);
-  CHECK(*old.records[1].ttft_s() == Approx(b_ttft - decode_a(4)).epsilon(1e-9));
+  SUBCASE("with the model's own step times") {
+    const auto r = run_simulation(config, d, trace, o);
+    for (const auto& rec : r.records) REQUIRE(rec.succeeded());
+    CHECK(*r.records[0].ttft_s() == Approx(6 * h + pa).epsilon(1e-9));
+    CHECK(*r.records[1].ttft_s() == Approx(b_ttft).epsilon(1e-9));
+    CHECK(*r.records[2].ttft_s() == Approx(c_ttft).epsilon(1e-9));
+    // A's gap across B's chunk is the chunk and D4, as when steps alternate whole.
+    CHECK(r.records[0].itl_s[3] == Approx(pb + decode_a(4)).epsilon(1e-6));
+    CHECK(r.counters.at("sim.stream_second_sync_waits") == 2);  // B's and C's steps
+    // The old model (whole steps taking turns on one timeline) gives B's first token one
+    // decode step earlier: its step ended with its own chunk.
+    sim_deployment turns = d;
+    turns.policy = step_policy::alternate;
+    const auto old = run_simulation(config, turns, trace, o);
+    CHECK(*old.records[1].ttft_s() == Approx(b_ttft - decode_a(4)).epsilon(1e-9));
+  }
+  SUBCASE("a calibrated delay holds the stream longer for every prefill step") {
+    const double delay = 0.004;
+    gpu_calibration cal;
+    cal.shared_prefill_delay_s = delay;
+    o.calibrations["h200"] = cal;
+    // A's chunk holds the stream 4 ms longer, so everything after it starts 4 ms later: B and
+    // C arrive 4 ms later too, at the same points of the decode steps.
+    const std::vector<trace_request> later = {request_at(0, 1000, 40),
+                                              request_at(tb + delay, 500, 3),
+                                              request_at(tc + delay, 300, 2)};
+    const auto r = run_simulation(config, d, later, o);
+    for (const auto& rec : r.records) REQUIRE(rec.succeeded());
+    CHECK(*r.records[0].ttft_s() == Approx(6 * h + pa + delay).epsilon(1e-9));
+    CHECK(*r.records[1].ttft_s() == Approx(b_ttft + delay).epsilon(1e-9));
+    // B's chunk, and with it the release, is 4 ms longer; then C's chunk is.
+    CHECK(*r.records[2].ttft_s() == Approx(c_ttft + 2 * delay).epsilon(1e-9));
+    CHECK(r.records[0].itl_s[3] == Approx(pb + delay + decode_a(4)).epsilon(1e-6));
+  }
 }
 
 TEST_CASE(
