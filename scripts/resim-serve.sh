@@ -17,6 +17,7 @@ for toml in "$DATA"/*.toml; do
   name=$(basename "$toml" .toml)
   case $name in  # the trace window and rate of each run (scripts/gpu-serve.sh)
     conv5-*) w="conv 0 300 5" ;;
+    conv3-*-42s) w="conv 0 126 3" ;;
     conv3-*) w="conv 0 180 3" ;;
     conv3long-*) w="conv 0 540 3" ;;
     conv-1p1d) w="conv 0 180 6" ;;
@@ -51,5 +52,26 @@ for live_file in sorted(data.glob("*.json")):
     for key, q in (("ttft_s", "p50"), ("ttft_s", "p99"), ("itl_s", "p50"), ("itl_s", "p99")):
         a, b = live[key][q] * 1e3, sim[key][q] * 1e3
         cells.append(f"{a:.1f} / {b:.1f} ({(b / a - 1) * 100:+.0f}%)")
+    print(f"| {live_file.stem} | " + " | ".join(cells) + " |")
+# The engine step times (hop counters, mean ms per step), where the live run recorded them.
+print()
+print("| run | prefill step ms | tokens per step | decode step ms | sequences per step |")
+print("| --- | --- | --- | --- | --- |")
+for live_file in sorted(data.glob("*.json")):
+    sim_file = out / live_file.stem / "summary.json"
+    if live_file.stem == "fidelity" or not sim_file.exists():
+        continue
+    hops = json.loads(live_file.read_text())["bench"].get("ttft_hops", {})
+    c = json.loads(sim_file.read_text())["simulation"]["runs"][0]["counters"]
+    sim = {
+        "prefill.hop_step": c.get("prefill.hop_step_us", 0) / 1e3 / max(c.get("prefill.hop_step_count", 0), 1),
+        "prefill.tokens_per_step": c.get("prefill.tokens", 0) / max(c.get("prefill.hop_step_count", 0), 1),
+        "decode.hop_step": c.get("decode.hop_step_us", 0) / 1e3 / max(c.get("decode.hop_step_count", 0), 1),
+        "decode.mean_batch": c.get("decode.batched_sequences", 0) / max(c.get("decode.steps", 0), 1),
+    }
+    cells = []
+    for key in sim:
+        a = hops.get(key, -1.0)
+        cells.append(f"{a:.1f} / {sim[key]:.1f} ({(sim[key] / a - 1) * 100:+.0f}%)" if a > 0 else f"- / {sim[key]:.1f}")
     print(f"| {live_file.stem} | " + " | ".join(cells) + " |")
 PY
