@@ -20,7 +20,8 @@ for R1-Distill-Llama-8B on one GPU:
 Several JSONs merge (later ones win: kernels by name, prefill rows by length, decode rows by
 batch and context), so a --prefill-only run adds its rows to a full one.
 Keys only serving runs can measure (split_bandwidth, decode_sequence_overhead_s,
-concurrent_*) are copied from --serving, a calibration file fitted on them.
+concurrent_*, shared_prefill_delay_s) are copied from --serving, a calibration file fitted on
+them.
 """
 import argparse
 import datetime
@@ -40,7 +41,7 @@ WEIGHT_BYTES = 2 * (LINEAR_PARAMS + VOCAB * HIDDEN)               # + untied emb
 KV_BYTES_PER_TOKEN = 2 * L * KV * 2
 SERVING_KEYS = ("step_overhead_s", "decode_sequence_overhead_s", "split_bandwidth",
                 "concurrent_decode_slowdown", "concurrent_prefill_slowdown",
-                "concurrent_decode_delay_s", "concurrent_prefill_yield")
+                "concurrent_decode_delay_s", "concurrent_prefill_yield", "shared_prefill_delay_s")
 
 
 def gpu_spec(name):
