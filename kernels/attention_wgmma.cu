@@ -20,7 +20,9 @@
 //     cp.async.bulk.tensor per block half, swizzled by the copy engine) onto a "full" mbarrier per
 //     stage and refills a stage when all eight consumer warps have arrived on its "empty" one, so
 //     the two warpgroups never wait for each other and drift into overlapping one's softmax with
-//     the other's GEMMs.
+//     the other's GEMMs;
+//   variant 6: variant 5 with the warpgroups taking turns to issue their S GEMMs (named barriers),
+//     so that one's softmax overlaps the other's GEMM by construction.
 
 namespace duet::kernels {
 
@@ -126,34 +128,39 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
+// The 64 fp32 accumulator registers of a m64n128 wgmma: the PTX operand list and the asm outputs.
+#define DUET_WGMMA_D_REGS \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define DUET_WGMMA_D_OUTS(d) \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), \
+  "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+  "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
+  "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+  "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), \
+  "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+  "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), \
+  "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), \
+  "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), \
+  "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), \
+  "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), \
+  "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
+  "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), \
+  "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
+  "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), \
+  "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+
 /// d (64 x 128, fp32) = (scale_d ? d : 0) + A . B: A (64 x 16) and B (16 x 128) read from shared
 /// memory through descriptors, both K-major.
 __device__ __forceinline__ void wgmma_ss_m64n128k16(float (&d)[16][4], uint64_t desc_a,
                                                     uint64_t desc_b, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" DUET_WGMMA_D_REGS
       "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
-        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
-        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
-        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : DUET_WGMMA_D_OUTS(d)
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
@@ -163,30 +170,14 @@ __device__ __forceinline__ void wgmma_rs_m64n128k16_tb(float (&d)[16][4], const 
                                                        uint64_t desc_b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" DUET_WGMMA_D_REGS
       "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
-        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
-        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
-        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : DUET_WGMMA_D_OUTS(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 }
+
+#undef DUET_WGMMA_D_OUTS
+#undef DUET_WGMMA_D_REGS
 
 /// What a CTA works on: 128 packed rows of one sequence and KV head (row v = token v / packed,
 /// head v % packed), the longest tiles first.
@@ -259,10 +250,22 @@ struct wg_rows_state {
   }
 };
 
+/// Named barriers 1 and 2 order the two warpgroups' S GEMMs (variant 6): a warpgroup syncs on its
+/// own before issuing and arrives on the other's once issued, so one's S GEMM runs while the
+/// other does its softmax (FlashAttention-3's ping-pong).
+__device__ __forceinline__ void turn_wait(int wg) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(1 + wg), "n"(consumer_threads) : "memory");
+}
+__device__ __forceinline__ void turn_pass(int wg) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(2 - wg), "n"(consumer_threads) : "memory");
+}
+
 /// One K/V tile's flash-attention step for a warpgroup: S = Q K^T, causal mask, online softmax,
 /// O += P V. q_wg, k_t, v_t: shared addresses of the warpgroup's Q rows and the tile's K and V.
+/// pass_turn: after issuing S, hand the tensor cores' turn to the other warpgroup (variant 6).
 __device__ __forceinline__ void tile_step(wg_rows_state& st, uint32_t q_wg, uint32_t k_t,
-                                          uint32_t v_t, int key0, int t, float scale_log2) {
+                                          uint32_t v_t, int key0, int t, float scale_log2,
+                                          bool pass_turn = false, int wg = 0) {
   float s[16][4] = {};
   fence_regs(s);
   wgmma_fence();
@@ -272,6 +275,7 @@ __device__ __forceinline__ void tile_step(wg_rows_state& st, uint32_t q_wg, uint
     wgmma_ss_m64n128k16(s, smem_desc(q_wg + col, 16, 1024), smem_desc(k_t + col, 16, 1024), kk);
   }
   wgmma_commit();
+  if (pass_turn) turn_pass(wg);
   wgmma_wait_all();
   fence_regs(s);
   if (key0 + tile_keys - 1 > st.first) {  // some key lies after some row: mask
@@ -394,9 +398,10 @@ __global__ void __launch_bounds__(consumer_threads, 1)
 #endif
 }
 
-/// Variant 5: warps 0-7 consume, warp 8 produces with TMA. kv_map views the pool as rows of 128
-/// bf16 (row = block * block_elems / 128 + ((layer * 2 + K/V) * kv_heads + kv_head) *
-/// block_tokens + slot), boxes of 64 columns by block_tokens rows, swizzle 128B.
+/// Variants 5 and 6 (PingPong): warps 0-7 consume, warp 8 produces with TMA. kv_map views the
+/// pool as rows of 128 bf16 (row = block * block_elems / 128 + ((layer * 2 + K/V) * kv_heads +
+/// kv_head) * block_tokens + slot), boxes of 64 columns by block_tokens rows, swizzle 128B.
+template <bool PingPong>
 __global__ void __launch_bounds__(consumer_threads + producer_threads, 1)
     prefill_kernel_wgmma_tma(prefill_attention_params p, const __grid_constant__ CUtensorMap kv_map) {
   dev::pdl_wait();
@@ -460,12 +465,22 @@ __global__ void __launch_bounds__(consumer_threads + producer_threads, 1)
   wg_rows_state st;
   st.init(w, wg, warp, lane);
   const uint32_t q_wg = q_s + static_cast<uint32_t>(wg * wg_rows * 128);
+  // Ping-pong: warpgroup 0 takes the first turn. Every tile is a turn for both (a warpgroup
+  // past its rows only passes it on), and warpgroup 1 passes none after the last tile, so both
+  // barriers end complete.
+  if (PingPong && wg == 1) turn_pass(wg);
   for (int j = 0; j < n_tiles; ++j) {
     const int s = j % stages;
     mbar_wait(full + 8 * s, static_cast<uint32_t>((j / stages) & 1));
     const int key0 = j * tile_keys;
     const uint32_t k_t = kv_s + static_cast<uint32_t>(s * stage_bytes);
-    if (st.needs(key0)) tile_step(st, q_wg, k_t, k_t + kv_bytes, key0, lane & 3, scale_log2);
+    const bool pass = PingPong && (wg == 0 || j + 1 < n_tiles);
+    if (PingPong) turn_wait(wg);
+    if (st.needs(key0)) {
+      tile_step(st, q_wg, k_t, k_t + kv_bytes, key0, lane & 3, scale_log2, pass, wg);
+    } else if (pass) {
+      turn_pass(wg);
+    }
     __syncwarp();
     if (lane == 0) mbar_arrive(empty + 8 * s);  // this warp is done reading stage s
   }
@@ -502,7 +517,7 @@ bool prefill_attention_wgmma_available() {
 
 kstatus prefill_attention_wgmma(const prefill_attention_params& p, cudaStream_t stream) {
   DUET_KREQUIRE(prefill_attention_wgmma_available(),
-                "prefill_attention: variants 4 and 5 (wgmma) need a compute capability 9.0 GPU");
+                "prefill_attention: variants 4 to 6 (wgmma) need a compute capability 9.0 GPU");
   const uint32_t vrows = p.max_seq_rows * (p.heads / p.kv_heads);
   const dim3 grid((vrows + cta_rows - 1) / cta_rows, p.kv_heads, p.seqs);
   if (p.variant == 4) {
@@ -513,8 +528,8 @@ kstatus prefill_attention_wgmma(const prefill_attention_params& p, cudaStream_t 
   }
   const uint32_t bt = p.kv.block_tokens;
   DUET_KREQUIRE(bt >= 8 && bt <= 128 && (bt & (bt - 1)) == 0,
-                "prefill_attention: variant 5 needs block_tokens a power of two from 8 to 128");
-  DUET_KREQUIRE(p.kv.blocks > 0, "prefill_attention: variant 5 needs kv.blocks (the pool's size)");
+                "prefill_attention: variants 5 and 6 need block_tokens a power of two from 8 to 128");
+  DUET_KREQUIRE(p.kv.blocks > 0, "prefill_attention: variants 5 and 6 need kv.blocks (the pool's size)");
   const uint64_t pool_rows = uint64_t{p.kv.blocks} * (p.kv.block_elems / head_dim);
   DUET_KREQUIRE(pool_rows < (1ull << 31), "prefill_attention: pool over 2^31 rows of 128");
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
@@ -529,10 +544,11 @@ kstatus prefill_attention_wgmma(const prefill_attention_params& p, cudaStream_t 
                                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   DUET_KREQUIRE(made == CUDA_SUCCESS, "prefill_attention: cuTensorMapEncodeTiled refused the pool");
-  DUET_KCHECK(cudaFuncSetAttribute(prefill_kernel_wgmma_tma,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, wgmma_smem));
-  DUET_KCHECK(launch(prefill_kernel_wgmma_tma, grid, dim3(consumer_threads + producer_threads),
-                     wgmma_smem, stream, p, map));
+  auto* kernel = p.variant == 6 ? prefill_kernel_wgmma_tma<true> : prefill_kernel_wgmma_tma<false>;
+  DUET_KCHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, wgmma_smem));
+  DUET_KCHECK(launch(kernel, grid, dim3(consumer_threads + producer_threads), wgmma_smem, stream,
+                     p, map));
   return {};
 }
 

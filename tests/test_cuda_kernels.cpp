@@ -401,7 +401,7 @@ TEST_CASE(
       r.seq_start = seq_start.data();
       r.seq_table = ps.table_at.data();
       prefill_attention_reference(r);
-      for (uint32_t variant : {0u, 1u, 2u, 3u, 4u, 5u}) {
+      for (uint32_t variant : {0u, 1u, 2u, 3u, 4u, 5u, 6u}) {
         if (variant >= 4 && !prefill_attention_wgmma_available()) continue;
         prefill_attention_params g = p;
         g.variant = variant;
@@ -612,4 +612,30 @@ TEST_CASE("launchers refuse bad shapes with a status instead of launching") {
   decode_attention_params a;
   a.kv.head_dim = 64;
   CHECK_FALSE(decode_attention(a, nullptr).ok());
+
+  // A well-formed prefill shape (pointers are never read: the launchers refuse first).
+  int32_t dummy = 0;
+  uint16_t cell = 0;
+  prefill_attention_params f;
+  f.q = f.out = &cell;
+  f.q_stride = f.out_stride = 4 * 128;
+  f.kv = kv_pool_view{&cell, kv_block_elems(1, 1, 128, 16), 1, 1, 128, 16, 0};
+  f.block_table = f.seq_rows = f.seq_start = f.seq_table = &dummy;
+  f.seqs = 1;
+  f.max_seq_rows = 1;
+  f.heads = 4;
+  f.kv_heads = 1;
+  f.variant = 7;
+  const kstatus bad_variant = prefill_attention(f, nullptr);
+  CHECK(bad_variant.message().find("variant") != std::string::npos);
+  if (prefill_attention_wgmma_available()) {
+    f.variant = 5;  // the TMA view needs the pool's size
+    const kstatus no_blocks = prefill_attention(f, nullptr);
+    CHECK(no_blocks.message().find("kv.blocks") != std::string::npos);
+    f.kv.blocks = 4;
+    f.kv.block_tokens = 12;  // not a power of two
+    f.kv.block_elems = kv_block_elems(1, 1, 128, 12);
+    const kstatus odd_blocks = prefill_attention(f, nullptr);
+    CHECK(odd_blocks.message().find("power of two") != std::string::npos);
+  }
 }
