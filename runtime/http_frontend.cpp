@@ -731,6 +731,7 @@ class session final : public upstream_receiver, public std::enable_shared_from_t
 
   void on_upstream(uint64_t id, std::vector<client_event>&& events, steady::time_point at) override {
     if (!gen_ || gen_->id != id) return;  // answered already (stop string, disconnect)
+    bool got_tokens = false;
     for (auto& e : events) {
       if (!gen_ || gen_->id != id) return;
       switch (e.what) {
@@ -742,6 +743,7 @@ class session final : public upstream_receiver, public std::enable_shared_from_t
           return;
         case client_event::kind::tokens:
           if (gen_->request.stream && !gen_->headers_sent) send_stream_head();
+          got_tokens = got_tokens || !e.tokens.empty();
           for (std::size_t k = 0; k < e.tokens.size(); ++k) {
             if (gen_->stopped) break;
             const int32_t token = e.tokens[k];
@@ -771,7 +773,7 @@ class session final : public upstream_receiver, public std::enable_shared_from_t
         }
       }
     }
-    if (gen_ && gen_->request.stream) flush_delta();
+    if (gen_ && gen_->request.stream) flush_delta(got_tokens);
   }
 
   void observe_token(steady::time_point at) {
@@ -931,10 +933,19 @@ class session final : public upstream_receiver, public std::enable_shared_from_t
     pump();
   }
 
-  void flush_delta() {
+  /// Sends the text taken since the last event as one event. `got_tokens`: this bridge round
+  /// brought tokens, so an event goes out even when all their text is held back (part of a
+  /// UTF-8 character, a special token, a possible stop string or think tag), with empty text,
+  /// as vLLM does: a client sees each token when it comes, and its TTFT is the first token's,
+  /// not the first complete character's (which can be a whole decode queue later).
+  void flush_delta(bool got_tokens = false) {
     auto& g = *gen_;
     const bool with_logprobs = g.logprobs && !g.logprobs->empty();
-    if (!g.headers_sent || (g.delta_content.empty() && g.delta_reasoning.empty() && !with_logprobs)) return;
+    if (!g.headers_sent) return;
+    if (g.delta_content.empty() && g.delta_reasoning.empty() && !with_logprobs) {
+      if (got_tokens) send_stream(g.events->content_event(""));
+      return;
+    }
     if (g.delta_reasoning.empty() && !with_logprobs) {
       send_stream(g.events->content_event(g.delta_content));
       g.delta_content.clear();

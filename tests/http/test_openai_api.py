@@ -60,7 +60,7 @@ max_batch = 256
 """
 
 
-def head_toml(queue_limit=4096):
+def head_toml(queue_limit=4096, time_scale=1.0):
     return f"""
 [model]
 name = "{MODEL}"
@@ -69,7 +69,7 @@ block_tokens = 16
 
 [engine]
 kind = "sim"
-time_scale = 1.0
+time_scale = {time_scale}
 
 [router]
 queue_limit = {queue_limit}
@@ -275,6 +275,47 @@ def test_streaming_chat_starts_with_the_role_and_matches_the_whole_answer(client
     assert content == whole.choices[0].message.content
     assert chunks[-1].choices[0].finish_reason == "length"
     assert all(c.usage is None for c in chunks)  # no include_usage: no usage chunk
+
+
+def test_a_token_whose_text_is_held_back_still_goes_out_as_an_empty_event(tmp_path):
+    """The first token of these prompts is a UTF-8 lead byte (the sim engine's tokens follow
+    from the prompt's last id and length, sim_engine::next_token; found by search): its text waits
+    for the next token, but an event with empty text goes out when it comes, so a client's first
+    chunk is the first token's (not one decode step later, or a whole decode queue at high load)."""
+    port = free_port()
+    config = tmp_path / "slow-decode.toml"
+    # Decode steps of ~100 ms: the first and second tokens never share a bridge round.
+    config.write_text(head_toml(time_scale=20.0) + f"""
+[[nodes]]
+name = "slow"
+endpoint = "inproc://duet-http-slow-{port}"
+http = "127.0.0.1:{port}"
+""" + actors_toml())
+    s = Server(["up", "--config", str(config), "--api-key", API_KEY], port, tmp_path / "duet.log")
+    try:
+        s.wait_healthy()
+        c = openai.OpenAI(base_url=s.base + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
+        prompt = [3091]  # first token 224 (0xE0, a lead byte), then 123622 (" <123622>")
+        whole = c.completions.create(model=MODEL, prompt=prompt, max_tokens=4)
+        assert whole.choices[0].text.startswith("\ufffd <123622>")  # the precondition: 0xE0 alone
+        chunks = [ch for ch in c.completions.create(model=MODEL, prompt=prompt, max_tokens=4, stream=True)
+                  if ch.choices]
+        assert chunks[0].choices[0].text == ""
+        assert chunks[1].choices[0].text.startswith("\ufffd <123622>")
+        assert "".join(ch.choices[0].text for ch in chunks) == whole.choices[0].text
+        # Chat: the rendered prompt of 973 characters of content ends with "\n" at position 997,
+        # whose next token is 198 (0xC6, a lead byte).
+        messages = [{"role": "user", "content": "a" * 973}]
+        whole_chat = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=4)
+        assert whole_chat.choices[0].message.content.startswith("\ufffd")
+        chat = [ch for ch in c.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, stream=True)
+                if ch.choices]
+        assert chat[0].choices[0].delta.role == "assistant"  # the role chunk, at admission
+        assert chat[1].choices[0].delta.content == ""  # the first token, its text held back
+        assert chat[2].choices[0].delta.content.startswith("\ufffd")
+        assert "".join(ch.choices[0].delta.content or "" for ch in chat) == whole_chat.choices[0].message.content
+    finally:
+        s.stop()
 
 
 def test_curl_sees_raw_sse_data_lines_and_done(server):
