@@ -208,10 +208,12 @@ class http_request_session : public std::enable_shared_from_this<http_request_se
     auto& rec = state_.records[index_];
     rec.output_tokens = completion_tokens_.value_or(
         rec.first_token_s ? static_cast<uint32_t>(rec.itl_s.size() + 1) : 0);
-    // Tokens the front end merged into one event (it fell a write behind, or a token ended
-    // mid-character) arrived together: 0 gaps, as the ZeroMQ replay records a batch.
+    // Tokens the front end merged into one event (it fell a write behind) arrived together:
+    // 0 gaps, as the ZeroMQ replay records a batch. An event past the last token carries
+    // only text held back until the end (a character the last token left incomplete): no gap.
     if (rec.first_token_s && rec.output_tokens > 0) {
       while (rec.itl_s.size() + 1 < rec.output_tokens) rec.itl_s.push_back(0.0);
+      while (rec.itl_s.size() + 1 > rec.output_tokens) rec.itl_s.pop_back();
     }
     close();
     state_.finish(index_, outcome);
