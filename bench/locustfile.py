@@ -49,7 +49,8 @@ Measured per request (as sim/http_replay.cpp): arrival = when the request was se
 the first SSE event carrying a choice (a non-final chunk, or a final one with text) minus the
 arrival; each later such event is one inter-token gap, timed when its bytes were read (events
 read together give 0 gaps); E2E = [DONE] minus the arrival; output tokens = the usage chunk's
-completion_tokens; TPOT = (E2E - TTFT) / (output tokens - 1). Outcomes: "ok" when the server
+completion_tokens (gaps past output tokens - 1, events of text held back until the end, are
+dropped); TPOT = (E2E - TTFT) / (output tokens - 1). Outcomes: "ok" when the server
 generated exactly max_tokens tokens; "rejected_429"/"rejected_503", "http_<status>",
 "http_error" (an error event, or no [DONE]), "short_<finish_reason>", "connect_failed",
 "client_timeout", "client_error". Percentiles cover "ok" requests only and interpolate
@@ -631,6 +632,10 @@ class DuetTraceUser(HttpUser):
         rec["outcome"] = outcome
         if state["completion_tokens"] is not None:
             rec["output_tokens"] = state["completion_tokens"]
+            # An event after the last token carries only text held back until the end (a
+            # character the last token left incomplete): no gap, as in bench serve.
+            if rec["first_token_s"] is not None:
+                del rec["itl_s"][max(rec["output_tokens"] - 1, 0):]
         elif rec["first_token_s"] is not None:
             rec["output_tokens"] = len(rec["itl_s"]) + 1
         rec["e2e_s"] = rec["finish_s"] - rec["arrival_s"]

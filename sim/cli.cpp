@@ -501,6 +501,22 @@ nlohmann::json ttft_hops_json(const std::map<std::string, uint64_t>& counters, d
   return j;
 }
 
+/// Over HTTP: the requests whose first token came without text (its text held back by the
+/// front end until a later token completed it), and the mean wait from the first token to the
+/// first text over all completed requests, in ms (-1 when no request has both times).
+std::pair<uint64_t, double> first_text_hold(const std::vector<request_record>& records) {
+  uint64_t held = 0, n = 0;
+  double sum_s = 0;
+  for (const auto& r : records) {
+    if (!r.succeeded() || !r.first_token_s || !r.first_text_s) continue;
+    const double wait = std::max(0.0, *r.first_text_s - *r.first_token_s);
+    ++n;
+    sum_s += wait;
+    if (wait > 0) ++held;
+  }
+  return {held, n == 0 ? -1.0 : sum_s / double(n) * 1e3};
+}
+
 /// Live and simulated TTFT means hop by hop, so a miss is found where it happens.
 std::string format_hop_table(const nlohmann::json& live, const std::vector<std::pair<std::string, nlohmann::json>>& sims) {
   std::string out = "\nTTFT by hop, mean ms (live";
@@ -521,6 +537,10 @@ std::string format_hop_table(const nlohmann::json& live, const std::vector<std::
   row("decode.mean_batch", "decode: sequences per step");
   row("outside_router", "client: beyond the router (front end, sockets, client)");
   row("client_ttft", "client: TTFT");
+  if (live.contains("client_first_text_held")) {
+    row("client_first_text_held", "client: requests whose first token came without text");
+    row("client_first_text_wait", "client: first token to first text (mean, all requests)");
+  }
   return out;
 }
 
@@ -590,6 +610,7 @@ int run_bench_serve(const sim_commands::state& s) {
   if (tty) std::fprintf(stderr, "\r%*s\r", 60, "");
   const auto counters_after = snapshot();
 
+  const auto [text_held, text_wait_ms] = first_text_hold(records);
   std::vector<report_run> runs;
   runs.push_back(make_report_run(s.run_name, std::move(records), slo));
   nlohmann::json bench_json;
@@ -604,6 +625,10 @@ int run_bench_serve(const sim_commands::state& s) {
   const auto ms = [](const report_run& r) { return r.summary.ttft_s.mean * 1e3; };
   if (!counters_after.empty()) {
     bench_json["ttft_hops"] = ttft_hops_json(hop_delta(counters_before, counters_after), ms(runs[0]));
+    if (target.http) {
+      bench_json["ttft_hops"]["client_first_text_held"] = text_held;
+      bench_json["ttft_hops"]["client_first_text_wait"] = text_wait_ms;
+    }
   }
   std::vector<std::pair<std::string, nlohmann::json>> sim_hops;
   // The simulator on the same trace, for the side-by-side report (fidelity, issue 9).

@@ -182,16 +182,17 @@ class http_request_session : public std::enable_shared_from_this<http_request_se
       const bool final_chunk = finish != c.end() && !finish->is_null();
       if (final_chunk) finish_reason_ = finish->is_string() ? finish->get<std::string>() : "";
       if (final_chunk && !has_text) continue;
-      on_token_event(t);
+      on_token_event(t, has_text);
     }
   }
 
-  void on_token_event(double t) {
+  void on_token_event(double t, bool has_text) {
     auto& rec = state_.records[index_];
     if (!rec.first_token_s)
       rec.first_token_s = t;
     else
       rec.itl_s.push_back(t - last_token_s_);
+    if (has_text && !rec.first_text_s) rec.first_text_s = t;
     last_token_s_ = t;
   }
 

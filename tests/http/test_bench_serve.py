@@ -149,9 +149,9 @@ def check_all_completed(d, summary, requests, run="live"):
 def check_gaps(counts, rows, exact):
     """Inter-token gaps per request: output_tokens - 1 when every token is seen on its own.
     ZeroMQ gets every token (a token batch gives 0 gaps). Over HTTP a gap is an SSE event,
-    and the front end sends the text of the tokens it takes from the cluster in one go as one
-    event, so a request may have fewer (rarely: when the front end falls a step behind), never
-    more."""
+    and the front end sends the tokens it takes from the cluster in one go as one event, so a
+    request may have fewer (rarely: when the front end falls a step behind), never more (an
+    event of text held back until after the last token is no gap)."""
     expected = [o - 1 for _, _, o in rows]
     if exact:
         assert counts == expected
@@ -218,6 +218,10 @@ def check_ttft_hops(summary):
         assert 0 < h["prefill.hop_compute"] and inner <= h["router.hop_ttft"] + 1.0, h
         assert h["router.hop_ttft"] <= h["client_ttft"] + 1.0, h
     assert close(hops["prefill.hop_compute"], sim["prefill.hop_compute"], 0.25), (hops, sim)
+    # Over HTTP: first tokens whose text the front end held back, and the wait for that text
+    assert 0 <= hops["client_first_text_held"] <= TRACE_REQUESTS, hops
+    assert hops["client_first_text_wait"] >= 0, hops
+    assert "client_first_text_held" not in sim, sim
     # bench serve sends token ids: nothing to tokenize on either side
     assert hops["router.hop_encode"] == -1 and sim["router.hop_encode"] == -1, (hops, sim)
 
