@@ -76,15 +76,26 @@ double cost_model::chunk_attention_flops(uint32_t tokens, uint32_t prior) const 
 // GEMM and attention FLOPs each run at their own fraction of peak (one fraction each without
 // a calibration file, so the sum equals FLOPs / (peak * gemm_efficiency) as before); attention
 // efficiency is looked up at the mean number of keys per query of the step.
-double cost_model::prefill_seconds(uint64_t chunk_tokens_total, double attention_flops) const {
+cost_model::prefill_compute cost_model::prefill_compute_parts(uint64_t chunk_tokens_total,
+                                                             double attention_flops) const {
   const auto& cal = gpu_.calibration;
   const double tokens = double(chunk_tokens_total);
   const double linear = 2.0 * double(shape_.linear_params()) * tokens;
   const double per_pair = 4.0 * shape_.layers * shape_.heads * shape_.head_dim;
   const double keys_per_query = tokens > 0 ? attention_flops / (per_pair * tokens) : 0.0;
   const double peak = gpu_.bf16_flops * sm_share_;
-  const double compute = linear / (peak * cal.gemm.at(tokens, gpu_.gemm_efficiency)) +
-                         attention_flops / (peak * cal.attention.at(keys_per_query, gpu_.gemm_efficiency));
+  prefill_compute out;
+  out.gemm_efficiency = cal.gemm.at(tokens, gpu_.gemm_efficiency);
+  out.attention_efficiency = cal.attention.at(keys_per_query, gpu_.gemm_efficiency);
+  out.gemm_s = linear / (peak * out.gemm_efficiency);
+  out.attention_s = attention_flops / (peak * out.attention_efficiency);
+  return out;
+}
+
+double cost_model::prefill_seconds(uint64_t chunk_tokens_total, double attention_flops) const {
+  const auto& cal = gpu_.calibration;
+  const auto parts = prefill_compute_parts(chunk_tokens_total, attention_flops);
+  const double compute = parts.gemm_s + parts.attention_s;
   const double bytes = double(shape_.weight_bytes());
   const double memory = bytes / (gpu_.memory_bandwidth * cal.memory.at(bytes, gpu_.bandwidth_efficiency));
   return std::max(compute, memory) + cal.step_overhead_s.value_or(gpu_.step_overhead_s);

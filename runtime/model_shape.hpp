@@ -63,6 +63,13 @@ struct gpu_calibration {
   // ... and a decode step starting while prefill runs waits this much longer in all: each of
   // its few hundred small kernels queues for SMs behind the prefill GEMM's thread blocks.
   std::optional<double> concurrent_decode_delay_s;
+  // With this set, that delay is the one beside a chunk's GEMM tiles, and it scales with the
+  // chunk in flight: a decode kernel waits out the thread block on its SM, and a prefill
+  // attention block over K keys holds an SM (K / this)·(GEMM efficiency / attention
+  // efficiency) times as long as a GEMM tile (this: the keys at which an attention block does
+  // a GEMM tile's FLOPs). event_sim weights the two by the chunk's modelled GEMM and attention
+  // time (docs/sim.md, "Engines on streams of their own").
+  std::optional<double> concurrent_decode_tile_keys;
   // ... and a prefill step in flight loses this fraction of every decode step that starts
   // during it (the decode stream has the higher priority: its kernels get the SMs first).
   std::optional<double> concurrent_prefill_yield;
@@ -101,6 +108,14 @@ class cost_model {
 
   /// One prefill step over chunks; each chunk is (tokens in chunk, tokens before it).
   [[nodiscard]] double prefill_seconds(uint64_t chunk_tokens_total, double attention_flops) const;
+  /// The compute terms of prefill_seconds: GEMM seconds and attention seconds, each with the
+  /// efficiency it was priced at (no overhead, no memory bound).
+  struct prefill_compute {
+    double gemm_s = 0, attention_s = 0;
+    double gemm_efficiency = 0, attention_efficiency = 0;
+  };
+  [[nodiscard]] prefill_compute prefill_compute_parts(uint64_t chunk_tokens_total,
+                                                      double attention_flops) const;
   /// Attention FLOPs of a chunk of `tokens` after `prior` cached tokens (causal).
   [[nodiscard]] double chunk_attention_flops(uint32_t tokens, uint32_t prior) const;
   /// One decode step for `batch` sequences holding `context_tokens_total` tokens in all.

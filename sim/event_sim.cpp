@@ -121,6 +121,15 @@ constexpr uint32_t target_router = 1;
 constexpr uint32_t target_broker = 2;
 constexpr uint32_t first_unit = 3;
 
+/// What a prefill call computed, as the contention model reads it: its query rows and, over
+/// them, the keys each row attends to (causal: row i of a chunk after p cached tokens sees
+/// p + i + 1 keys), summed and summed squared.
+struct prefill_shape {
+  uint64_t tokens = 0;
+  double key_sum = 0;     // query-key pairs: chunk_attention_flops / (4·L·H·d)
+  double key_squares = 0;  // Σ keys², so key_squares / key_sum is the time-weighted keys per row
+};
+
 /// The sim engine of a worker, counting the tokens its last prefill call sampled: on a shared
 /// stream, a cuda engine's prefill step that sampled tokens syncs the stream twice
 /// (runtime/cuda_engine.cpp: after copying the tokens back, and before returning).
@@ -131,18 +140,31 @@ class tally_engine final : public engine {
   [[nodiscard]] step_output prefill(std::span<const prefill_chunk> chunks) override {
     sampled_ = static_cast<uint32_t>(
         std::count_if(chunks.begin(), chunks.end(), [](const prefill_chunk& c) { return c.last; }));
+    shape_ = {};
+    // Σ k and Σ k² for k = p + 1 .. p + t, in closed form.
+    auto squares = [](double n) { return n * (n + 1) * (2 * n + 1) / 6; };
+    for (const auto& c : chunks) {
+      const double p = c.start, t = double(c.tokens.size());
+      shape_.tokens += c.tokens.size();
+      shape_.key_sum += t * p + t * (t + 1) / 2;
+      shape_.key_squares += squares(p + t) - squares(p);
+    }
     return inner_->prefill(chunks);
   }
   [[nodiscard]] step_output decode(std::span<const decode_slot> slots) override {
     sampled_ = 0;  // one sync, after copying the tokens back
+    shape_ = {};
     return inner_->decode(slots);
   }
   /// Prompts whose last chunk the latest prefill call computed (0 after a decode call).
   [[nodiscard]] uint32_t last_prefill_sampled() const { return sampled_; }
+  /// The rows and keys of the latest prefill call (empty after a decode call).
+  [[nodiscard]] const prefill_shape& last_prefill() const { return shape_; }
 
  private:
   std::shared_ptr<sim_engine> inner_;
   uint32_t sampled_ = 0;
+  prefill_shape shape_;
 };
 
 struct unit {
@@ -294,6 +316,7 @@ class event_sim {
       if (auto c = options_.calibrations.find(g.type); c != options_.calibrations.end())
         spec->calibration = c->second;
       specs_.push_back(*spec);
+      costs_.emplace_back(*shape, *spec);
     }
     router_settings rs;
     rs.broker = broker_address;
@@ -795,10 +818,34 @@ class event_sim {
       if (&other == &tl || other.gpu != tl.gpu || !other.busy) continue;
       const auto& cal = specs_[tl.gpu].calibration;
       if (!u.decode) return {cal.concurrent_prefill_slowdown.value_or(1.0), 0};
-      return {cal.concurrent_decode_slowdown.value_or(1.0),
-              static_cast<int64_t>(cal.concurrent_decode_delay_s.value_or(0.0) * 1e9)};
+      const double delay = cal.concurrent_decode_delay_s.value_or(0.0) *
+                           chunk_delay_factor(*units_[other.running], tl.gpu);
+      return {cal.concurrent_decode_slowdown.value_or(1.0), static_cast<int64_t>(delay * 1e9)};
     }
     return {1.0, 0};
+  }
+
+  /// How the decode delay beside the step `running` has in flight scales with its chunk, when
+  /// the calibration has concurrent_decode_tile_keys (else 1). Each decode kernel waits for
+  /// the prefill thread block on the SMs it needs to retire, so the step's wait follows the
+  /// time-weighted length of those blocks: a GEMM tile (the delay as calibrated), or an
+  /// attention block, which reads its rows' keys and lasts (keys / tile_keys) · (GEMM
+  /// efficiency / attention efficiency) times as long. The two weigh by the chunk's modelled
+  /// GEMM and attention time; the keys are time-weighted too (Σ keys² / Σ keys).
+  [[nodiscard]] double chunk_delay_factor(const unit& running, uint32_t gpu) const {
+    const auto& cal = specs_[gpu].calibration;
+    if (!cal.concurrent_decode_tile_keys) return 1.0;
+    const prefill_shape& chunk = running.engine->last_prefill();
+    if (chunk.tokens == 0 || chunk.key_sum <= 0) return 1.0;
+    const auto& costs = costs_[gpu];
+    const auto& m = costs.shape();
+    const double per_pair = 4.0 * m.layers * m.heads * m.head_dim;
+    const auto parts = costs.prefill_compute_parts(chunk.tokens, per_pair * chunk.key_sum);
+    if (parts.gemm_s + parts.attention_s <= 0) return 1.0;
+    const double keys = chunk.key_squares / chunk.key_sum;
+    const double block = keys / *cal.concurrent_decode_tile_keys * parts.gemm_efficiency /
+                         parts.attention_efficiency;
+    return (parts.gemm_s + block * parts.attention_s) / (parts.gemm_s + parts.attention_s);
   }
 
   /// A decode step on its own stream takes SMs first (highest priority): a prefill step of
@@ -994,6 +1041,7 @@ class event_sim {
   size_t finished_ = 0;
   outbox client_out_;
   std::vector<gpu_spec> specs_;
+  std::vector<cost_model> costs_;  // per GPU, at full share: what the contention model prices
   std::unique_ptr<router_core> router_;
   std::unique_ptr<broker_core> broker_;
   std::vector<std::unique_ptr<unit>> units_;

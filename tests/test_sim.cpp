@@ -338,16 +338,21 @@ TEST_CASE(
             .epsilon(1e-9));
   std::ofstream(dir / "contention.toml")
       << "concurrent_decode_delay_s = 0.014\nconcurrent_prefill_slowdown = 1.2\nconcurrent_prefill_yield = 0.6\n"
-         "shared_prefill_delay_s = 0.004\n";
+         "shared_prefill_delay_s = 0.004\nconcurrent_decode_tile_keys = 3400\n";
   const auto contention = load_gpu_calibration(dir / "contention.toml");
   CHECK(contention.concurrent_decode_delay_s == Approx(0.014));
   CHECK(contention.concurrent_prefill_slowdown == Approx(1.2));
   CHECK(contention.concurrent_prefill_yield == Approx(0.6));
   CHECK(contention.shared_prefill_delay_s == Approx(0.004));
+  CHECK(contention.concurrent_decode_tile_keys == Approx(3400));
   CHECK_FALSE(contention.concurrent_decode_slowdown.has_value());
   std::ofstream(dir / "negative_delay.toml") << "shared_prefill_delay_s = -0.001\n";
   CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "negative_delay.toml"); }),
                  "must not be negative"));
+  std::ofstream(dir / "zero_tile.toml") << "concurrent_decode_tile_keys = 0\n";
+  CHECK(contains(error_of<gpu_catalog_error>(
+                     [&] { (void)load_gpu_calibration(dir / "zero_tile.toml"); }),
+                 "must be above 0"));
   std::ofstream(dir / "speedup.toml") << "concurrent_decode_slowdown = 0.5\n";
   CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "speedup.toml"); }),
                  "a slowdown is at least 1"));
@@ -649,6 +654,93 @@ TEST_CASE(
   MESSAGE("TTFT P50 with prefill yielding to decode: " << yielded.ttft_s.p50 * 1e3 << " ms");
   CHECK(yielded.ttft_s.p50 > slowed.ttft_s.p50);
   CHECK(yielded.itl_s.p50 == Approx(slowed.itl_s.p50).epsilon(0.1));  // decode is not slowed more
+}
+
+TEST_CASE(
+    "on streams of their own, a decode step beside a prefill chunk waits longer the more of the "
+    "chunk's time goes to long attention blocks: a prompt's second chunk holds decode back 1.7 "
+    "times as long as its first") {
+  auto config = default_config();
+  config.engine.gpu = "h200";
+  config.nodes.resize(1);
+  for (auto& a : config.nodes[0].actors) a.device = 0;  // prefill and decode on one GPU
+  const auto d = deployment_from_config(config);
+  REQUIRE(d.gpus.size() == 1);
+  for (const auto& w : d.workers) REQUIRE(w.own_stream);
+  // Flat efficiencies, so the reference below is a few lines of arithmetic.
+  gpu_calibration cal;
+  cal.gemm.points = {{1, 0.5}};
+  cal.attention.points = {{1, 0.25}};
+  const double delay = 0.010, tile_keys = 1000;
+  cal.concurrent_decode_delay_s = delay;
+  cal.concurrent_decode_tile_keys = tile_keys;
+  sim_options o;
+  o.calibrations["h200"] = cal;
+  auto gpu = *find_gpu_spec("h200");
+  gpu.calibration = cal;
+  const auto shape = *find_model_shape(config.model.preset);
+  const cost_model costs(shape, gpu);
+  // The delay factor of a 2048-token chunk after `prior` cached tokens, by hand: GEMM time
+  // 2·P·t / (F·0.5), attention time 4·L·H·d·Σk / (F·0.25) for the keys k = prior + 1 ..
+  // prior + t its rows read; an attention block over Σk²/Σk keys lasts that / 1000 ·
+  // (0.5 / 0.25) GEMM tiles.
+  auto factor = [&](double prior) {
+    const double t = 2048, flops = gpu.bf16_flops;
+    double sum = 0, squares = 0;
+    for (double k = prior + 1; k <= prior + t; ++k) {
+      sum += k;
+      squares += k * k;
+    }
+    const double gemm_s = 2.0 * double(shape.linear_params()) * t / (flops * 0.5);
+    const double per_pair = 4.0 * shape.layers * shape.heads * shape.head_dim;
+    const double attention_s = per_pair * sum / (flops * 0.25);
+    const double block = squares / sum / tile_keys * (0.5 / 0.25);
+    return (gemm_s + block * attention_s) / (gemm_s + attention_s);
+  };
+  const double first = delay * factor(0), second = delay * factor(2048);
+  MESSAGE("decode delay beside the first chunk " << first * 1e3 << " ms, the second "
+                                                 << second * 1e3 << " ms (the constant model: "
+                                                 << delay * 1e3 << ")");
+  REQUIRE(first > 1.1 * delay);
+  REQUIRE(second > 1.7 * first);
+
+  // A (100 tokens) decodes alone; B's 4096-token prompt prefills in two chunks meanwhile.
+  const std::vector<trace_request> trace = {request_at(0, 100, 200), request_at(0.05, 4096, 2)};
+  const auto r = run_simulation(config, d, trace, o);
+  for (const auto& rec : r.records) REQUIRE(rec.succeeded());
+  const auto& a = r.records[0];
+  const double b_first = *r.records[1].first_token_s;
+  // Every gap of A before B joins its batch is one decode step (batch 1, context 101 + i: gap
+  // i ends decode step i + 1) plus nothing, the first chunk's delay or the second's.
+  auto ns = [](double s) { return std::floor(s * 1e9) / 1e9; };  // the sim engine's truncation
+  uint32_t plain = 0, beside_first = 0, beside_second = 0, other = 0;
+  double t = *a.first_token_s;
+  for (size_t i = 0; i < a.itl_s.size(); ++i) {
+    t += a.itl_s[i];
+    if (t >= b_first) break;
+    if (i == 0) continue;  // the first gap starts at the router's first token
+    const double excess = a.itl_s[i] - ns(costs.decode_seconds(1, 101 + i));
+    if (std::abs(excess) < 1e-8)
+      ++plain;
+    else if (std::abs(excess - first) < 1e-8)
+      ++beside_first;
+    else if (std::abs(excess - second) < 1e-8)
+      ++beside_second;
+    else
+      ++other;
+  }
+  MESSAGE("A's gaps before B joins: " << plain << " plain, " << beside_first
+                                      << " beside the first chunk, " << beside_second
+                                      << " beside the second, " << other << " other");
+  CHECK(plain > 10);
+  CHECK(beside_first >= 3);
+  CHECK(beside_second >= 2);
+  CHECK(other == 0);
+  // Without the key the delay is the same beside either chunk (the model before).
+  o.calibrations["h200"].concurrent_decode_tile_keys.reset();
+  const auto flat = run_simulation(config, d, trace, o);
+  CHECK(*std::max_element(flat.records[0].itl_s.begin() + 1, flat.records[0].itl_s.end()) <
+        ns(costs.decode_seconds(2, 4096 + 300)) + delay + 1e-6);
 }
 
 TEST_CASE(
