@@ -114,9 +114,6 @@ struct request_record {
   uint64_t id = 0;
   double arrival_s = 0;                 // request sent / arrived at the router
   std::optional<double> first_token_s;  // first output token received; none if it never came
-  std::optional<double> first_text_s;   // HTTP: the first event with text; later than first_token_s
-                                        // when the first token's text was held back (part of a
-                                        // UTF-8 character, a special token)
   std::vector<double> itl_s;            // gaps between consecutive output tokens after the
                                         // first (output_tokens - 1 when every token was seen;
                                         // a token delivered in the same batch gives a 0 gap)
@@ -125,6 +122,9 @@ struct request_record {
   uint32_t output_tokens = 0;
   std::string outcome = std::string(request_outcome_ok);  // "ok", or why it failed:
                                                           // "cancelled", "timeout", "error"...
+  std::optional<double> first_text_s;  // HTTP: the first event with text; later than first_token_s
+                                       // when the first token's text was held back (part of a
+                                       // UTF-8 character, a special token)
 
   [[nodiscard]] bool succeeded() const { return outcome == request_outcome_ok; }
   [[nodiscard]] double e2e_s() const { return finish_s - arrival_s; }
