@@ -40,12 +40,14 @@ done
 python3 - "$OUT" "$DATA" <<'PY'
 import json, pathlib, sys
 out, data = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+def runs():  # (live bench JSON, simulated summary) of every run the simulator replayed
+    for live_file in sorted(data.glob("*.json")):
+        sim_file = out / live_file.stem / "summary.json"
+        if live_file.stem != "fidelity" and sim_file.exists():
+            yield live_file, sim_file
 print("| run | TTFT P50 ms | TTFT P99 ms | ITL P50 ms | ITL P99 ms |")
 print("| --- | --- | --- | --- | --- |")
-for live_file in sorted(data.glob("*.json")):
-    sim_file = out / live_file.stem / "summary.json"
-    if live_file.stem == "fidelity" or not sim_file.exists():
-        continue
+for live_file, sim_file in runs():
     live = json.loads(live_file.read_text())["runs"][0]["summary"]
     sim = json.loads(sim_file.read_text())["runs"][0]["summary"]
     cells = []
@@ -57,10 +59,7 @@ for live_file in sorted(data.glob("*.json")):
 print()
 print("| run | prefill step ms | tokens per step | decode step ms | sequences per step |")
 print("| --- | --- | --- | --- | --- |")
-for live_file in sorted(data.glob("*.json")):
-    sim_file = out / live_file.stem / "summary.json"
-    if live_file.stem == "fidelity" or not sim_file.exists():
-        continue
+for live_file, sim_file in runs():
     hops = json.loads(live_file.read_text())["bench"].get("ttft_hops", {})
     c = json.loads(sim_file.read_text())["simulation"]["runs"][0]["counters"]
     sim = {
