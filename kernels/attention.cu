@@ -45,12 +45,7 @@ __device__ __forceinline__ void softmax_update(float (&s)[NT][4], float (&m)[2],
                                                float (&o)[16][4], float scale_log2) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m[r], mx);
+    const float m_new = fmaxf(m[r], tile::row_max(s, r));
     const float base = m_new == -INFINITY ? 0.0f : m_new * scale_log2;
     const float alpha = exp2f(m[r] * scale_log2 - base);
     m[r] = m_new;

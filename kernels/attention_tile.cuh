@@ -7,6 +7,17 @@
 
 namespace duet::kernels::tile {
 
+/// The maximum of row g (r = 0) or g + 8 (r = 1) over the tile's NT column blocks, reduced across
+/// the four lanes that hold the row.
+template <int NT>
+__device__ __forceinline__ float row_max(const float (&s)[NT][4], int r) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  return fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+}
+
 /// softmax_update with FlashAttention-4's conditional rescaling: a 16-row tile's running maxima
 /// move (and O and l are rescaled) only when some row's new maximum exceeds its running one by
 /// more than 8 in log2 units; otherwise the probabilities are taken against the stale maxima. They
@@ -17,15 +28,7 @@ template <int NT>
 __device__ __forceinline__ void softmax_update_lazy(float (&s)[NT][4], float (&m)[2],
                                                     float (&l)[2], float (&o)[16][4],
                                                     float scale_log2) {
-  float mx[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    mx[r] = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) mx[r] = fmaxf(mx[r], fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-  }
+  const float mx[2] = {row_max(s, 0), row_max(s, 1)};
   // -inf running maxima (nothing seen yet) always grow; a -inf row maximum never does.
   const bool grow = (mx[0] - m[0]) * scale_log2 > 8.0f || (mx[1] - m[1]) * scale_log2 > 8.0f;
   if (__any_sync(0xffffffffu, grow)) {
