@@ -21,6 +21,12 @@
 #   long      conversation x3 for three minutes: colocated, PD streams, PD 50/50
 #   today_high conversation x5 (CONV_HIGH) on colocated and PD streams with today's calibration
 #             (h200-cuda-engine-2026-12-01.toml); $OUT/today-high.tar.gz (~4 minutes with build)
+#   matrix    today's engine on both traces and every one-GPU deployment kind, one GPU, the
+#             simulator beside with the newest calibration ($CAL_MATRIX): the runs of
+#             $GPU_SERVE_MATRIX ("NAME KIND TRACE START DURATION RATE;..."; default code x1 on PD
+#             streams, colocated and PD 70/30, then conversation x5 on PD streams and colocated), each
+#             warmed up first, in order while they fit by $GPU_SERVE_DEADLINE; $OUT/matrix.tar.gz
+#             (summaries, requests, deployments, logs), rewritten after every run
 #   two       1P1D: prefill process on GPU 0, decode process on GPU 1 (KV over CUDA IPC), both
 #             traces at twice the one-GPU rate (the load two colocated GPUs would share)
 #   fidelity  one GPU, sized to end by $GPU_SERVE_DEADLINE s (default 540) after the script's
@@ -64,6 +70,9 @@ CODE_HIGH="AzureLLMInferenceTrace_code_2023.csv 180 60 1"
 CONV_FID=${GPU_SERVE_FID_WINDOW:-$CONV}  # "TRACE START DURATION RATE"
 CAL_FID=$PWD/config/calibration-duet/h200-cuda-engine-2026-12-01.toml
 DEADLINE=${GPU_SERVE_DEADLINE:-540}
+# Stage matrix: the newest calibration and the runs, in order of priority.
+CAL_MATRIX=$PWD/config/calibration-duet/h200-cuda-engine-2026-12-01c.toml
+MATRIX=${GPU_SERVE_MATRIX:-"code1-pd-streams streams $CODE_HIGH;code1-colocated colocated $CODE_HIGH;code1-pd-green70 green:0.7 $CODE_HIGH;conv5-pd-streams streams $CONV_HIGH;conv5-colocated colocated $CONV_HIGH"}
 FID_RUNS=/tmp/duet-fidelity/fidelity
 LOCUST_VENV=/tmp/duet-locust
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
@@ -520,6 +529,29 @@ if has fidelity; then
   fi
   fidelity_report
   RUNS=$OUT/serve
+fi
+
+if has matrix; then
+  echo "=== matrix: one GPU, today's engine, ${CAL_MATRIX##*/} ($(date +%T); at ${SECONDS} s of ${DEADLINE})"
+  CAL_SAVED=$CAL CAL=$CAL_MATRIX
+  IFS=';' read -ra matrix_runs <<<"$MATRIX"
+  for run in "${matrix_runs[@]}"; do
+    set -- $run  # NAME KIND TRACE START DURATION RATE
+    span=$(python3 -c "print(int($5 / $6))")
+    # A run: the start (~20 s from the page cache, the warm-up), the replay, its drain (~40 s at overload).
+    left=$((DEADLINE - SECONDS - 15))
+    if [ "$left" -lt $((20 + span + 40)) ]; then echo "--- out of time ($left s left): $1 skipped"; continue; fi
+    UP_T0=$SECONDS
+    up_start "$1" 0 "$2" 0 || continue
+    if warm_up "$1" 0 60; then
+      limit=$((DEADLINE - SECONDS - 15 - 30)); [ "$limit" -gt $((span + 90)) ] && limit=$((span + 90))
+      BENCH_GRACE=10 bench_serve "$1" 0 "$CAL" 30 "$limit" "${@:3}"
+      sed -n '/completed/,/E2E P99/p' "$RUNS/$1.bench.log"
+    fi
+    up_stop "$1" 0
+    tar -czf "$OUT/matrix.tar.gz.tmp" -C "$RUNS" --exclude='report.html' . && mv "$OUT/matrix.tar.gz.tmp" "$OUT/matrix.tar.gz"
+  done
+  CAL=$CAL_SAVED
 fi
 
 if has handover; then
