@@ -1,5 +1,6 @@
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -122,6 +123,114 @@ __global__ void __launch_bounds__(sk_threads) skinny_kernel(gemm_params p) {
   }
 }
 
+// ------------------------------------------------------------------------------ stream kernel
+//
+// The skinny kernel's CTA issues all its weight loads, then waits for them, reduces and exits:
+// at k = 4096 that is its whole life, so each SM's load pipe idles while its CTAs reduce and
+// new ones start, and the last of 2-3 waves runs part-empty (qkv and o, n = 6144 and 4096,
+// reached 2.6-2.8 TB/s against 3.9 for gate_up). Here a persistent grid (as many CTAs as fit
+// on the SMs at once) walks work items (a group of 8 rows, a round of 256 16-byte chunks of
+// each) with the next item's loads in flight while the current one is multiplied and reduced.
+
+constexpr int sv_rows = 8;
+constexpr int sv_threads = 256;
+
+template <int max_m, bool swiglu>
+__global__ void __launch_bounds__(sv_threads, max_m == 1 ? 2 : 1) stream_kernel(gemm_params p, uint32_t rounds) {
+  __shared__ float red[sv_threads / 32][sv_rows][max_m];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int m = static_cast<int>(p.m);
+  const uint32_t chunks = p.k / 8, groups = (p.n + sv_rows - 1) / sv_rows;
+  uint32_t group = blockIdx.x, round = 0;
+  if (group >= groups) {
+    dev::pdl_wait();
+    dev::pdl_launch_dependents();
+    return;
+  }
+  auto load = [&](uint4 (&buf)[sv_rows], uint32_t g, uint32_t r) {
+    const uint32_t c = r * sv_threads + tid;
+#pragma unroll
+    for (int j = 0; j < sv_rows; ++j) {
+      const uint64_t row = min(g * sv_rows + j, p.n - 1);
+      buf[j] = c < chunks ? __ldcs(reinterpret_cast<const uint4*>(p.w + row * p.k) + c) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  float acc[sv_rows][max_m] = {};
+  auto multiply = [&](const uint4 (&buf)[sv_rows], uint32_t r) {
+    const uint32_t c = r * sv_threads + tid;
+    if (c >= chunks) return;
+    float x[max_m][8];
+#pragma unroll
+    for (int i = 0; i < max_m; ++i) {
+      if (i < m) x_chunk<swiglu>(p, i, c, x[i]);
+    }
+#pragma unroll
+    for (int j = 0; j < sv_rows; ++j) {
+      float w[8];
+      dev::unpack8(buf[j], w);
+#pragma unroll
+      for (int i = 0; i < max_m; ++i) {
+        if (i < m) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[j][i] = fmaf(x[i][e], w[e], acc[j][i]);
+        }
+      }
+    }
+  };
+  auto store = [&](uint32_t g) {  // the group's sums: warps, then the CTA
+#pragma unroll
+    for (int j = 0; j < sv_rows; ++j) {
+#pragma unroll
+      for (int i = 0; i < max_m; ++i) {
+        if (i < m) {
+          const float v = dev::warp_sum(acc[j][i]);
+          if (lane == 0) red[warp][j][i] = v;
+        }
+        acc[j][i] = 0.0f;
+      }
+    }
+    __syncthreads();
+    if (tid < sv_rows * m) {
+      const int j = tid / m, i = tid % m;
+      const uint32_t n = g * sv_rows + j;
+      if (n < p.n) {
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < sv_threads / 32; ++w) v += red[w][j][i];
+        if (p.bias) v += dev::bf(p.bias[n]);
+        if (p.y_fp32) {
+          static_cast<float*>(p.y)[static_cast<uint64_t>(i) * p.ldy + n] = v;
+        } else {
+          static_cast<uint16_t*>(p.y)[static_cast<uint64_t>(i) * p.ldy + n] = dev::to_bf(v);
+        }
+      }
+    }
+    __syncthreads();  // red is written again by the next group
+  };
+  // One item: the next one's loads go out first, then this one's math; false after the last.
+  auto step = [&](const uint4 (&cur)[sv_rows], uint4 (&next)[sv_rows]) {
+    uint32_t g = group, r = round + 1;
+    if (r == rounds) {
+      r = 0;
+      g += gridDim.x;
+    }
+    const bool more = g < groups;
+    if (more) load(next, g, r);
+    multiply(cur, round);
+    if (round + 1 == rounds) store(group);
+    group = g;
+    round = r;
+    return more;
+  };
+  uint4 a[sv_rows], b[sv_rows];
+  if (p.w_static) load(a, group, 0);
+  dev::pdl_wait();
+  dev::pdl_launch_dependents();
+  if (!p.w_static) load(a, group, 0);
+  while (step(a, b) && step(b, a)) {
+  }
+}
+
 // ------------------------------------------------------------------------------------ cuBLASLt
 
 #define DUET_LT(call)                                              \
@@ -143,6 +252,25 @@ struct plan {
 bool skinny_from_env() {
   const char* v = std::getenv("DUET_GEMM_SKINNY");
   return !(v && std::strcmp(v, "0") == 0);
+}
+
+// The automatic path's kernel for one row: DUET_GEMV=stream picks the streaming kernel.
+bool stream_from_env() {
+  const char* v = std::getenv("DUET_GEMV");
+  return v && std::strcmp(v, "stream") == 0;
+}
+
+template <int max_m, bool swiglu>
+kstatus launch_stream(const gemm_params& p, cudaStream_t stream) {
+  int device = 0, sms = 0, per_sm = 0;
+  DUET_KCHECK(cudaGetDevice(&device));
+  DUET_KCHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  DUET_KCHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, stream_kernel<max_m, swiglu>, sv_threads, 0));
+  const uint32_t groups = (p.n + sv_rows - 1) / sv_rows;
+  const uint32_t grid = std::min<uint32_t>(groups, static_cast<uint32_t>(std::max(1, sms * per_sm)));
+  const uint32_t rounds = (p.k / 8 + sv_threads - 1) / sv_threads;
+  DUET_KCHECK(launch(stream_kernel<max_m, swiglu>, dim3(grid), dim3(sv_threads), 0, stream, p, rounds));
+  return {};
 }
 
 bool tune_enabled() {
@@ -194,11 +322,11 @@ struct gemm_runner::impl {
     const uint64_t ws = workspace_bytes;
     const cublasStatus_t set = cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-    cublasLtMatmulHeuristicResult_t results[8];
+    cublasLtMatmulHeuristicResult_t results[16];
     int found = 0;
     const cublasStatus_t heur =
         set == CUBLAS_STATUS_SUCCESS
-            ? cublasLtMatmulAlgoGetHeuristic(handle, pl.desc, pl.a, pl.b, pl.d, pl.d, pref, 8,
+            ? cublasLtMatmulAlgoGetHeuristic(handle, pl.desc, pl.a, pl.b, pl.d, pl.d, pref, 16,
                                              results, &found)
             : set;
     cublasLtMatmulPreferenceDestroy(pref);
@@ -207,12 +335,56 @@ struct gemm_runner::impl {
       return kstatus{cudaErrorNotSupported, "cuBLASLt has no algorithm for this GEMM", __FILE__,
                      __LINE__};
     pl.algo = results[0].algo;
-    // Timing the candidates pays for shapes that recur: decode buckets and full prefill passes
-    // (m a multiple of 64); other shapes keep the heuristic's first choice.
-    if (found > 1 && tune_enabled() && p.m % 64 == 0) {
+    // Timing the candidates pays for shapes that recur: decode buckets (powers of two) and full
+    // prefill passes (m a multiple of 64); other shapes keep the heuristic's first choice.
+    const bool recurs = p.m % 64 == 0 || (p.m & (p.m - 1)) == 0;
+    if (tune_enabled() && recurs) {
       for (int i = 0; i < found; ++i) pl.candidates.push_back(results[i].algo);
+      if (p.m <= 256) add_split_k(pl, found, results);
+      if (pl.candidates.size() < 2) pl.candidates.clear();
     }
     return {};
+  }
+
+  // Decode's GEMMs have few rows: the heuristic's tiles of 64-256 outputs give n = 4096-6144 only
+  // 16-96 CTAs on 132 SMs, so the weights stream from a fraction of them (cuBLASLt read the qkv
+  // and o weights at 1.5-1.6 TB/s at m = 64). Splitting k across CTAs fills the SMs; every
+  // split the library accepts (cublasLtMatmulAlgoCheck, within the workspace) is timed too.
+  void add_split_k(plan& pl, int found, const cublasLtMatmulHeuristicResult_t* results) {
+    for (int i = 0; i < found; ++i) {
+      int32_t support = 0;
+      uint32_t schemes = 0;
+      size_t written = 0;
+      if (cublasLtMatmulAlgoCapGetAttribute(&results[i].algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &support,
+                                            sizeof(support), &written) != CUBLAS_STATUS_SUCCESS ||
+          !support)
+        continue;
+      if (cublasLtMatmulAlgoCapGetAttribute(&results[i].algo, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &schemes,
+                                            sizeof(schemes), &written) != CUBLAS_STATUS_SUCCESS)
+        continue;
+      uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+      for (const uint32_t s : {CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE,
+                               CUBLASLT_REDUCTION_SCHEME_INPLACE}) {
+        if (schemes & s) {
+          scheme = s;
+          break;
+        }
+      }
+      if (scheme == CUBLASLT_REDUCTION_SCHEME_NONE) continue;
+      for (const uint32_t splits : {2u, 3u, 4u, 6u, 8u, 12u}) {
+        cublasLtMatmulAlgo_t algo = results[i].algo;
+        cublasLtMatmulHeuristicResult_t checked{};
+        if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                                 sizeof(splits)) != CUBLAS_STATUS_SUCCESS ||
+            cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                                 sizeof(scheme)) != CUBLAS_STATUS_SUCCESS ||
+            cublasLtMatmulAlgoCheck(handle, pl.desc, pl.a, pl.b, pl.d, pl.d, &algo, &checked) !=
+                CUBLAS_STATUS_SUCCESS ||
+            checked.workspaceSize > workspace_bytes)
+          continue;
+        pl.candidates.push_back(algo);
+      }
+    }
   }
 
   kstatus matmul(const gemm_params& p, const plan& pl, const cublasLtMatmulAlgo_t& algo,
@@ -262,6 +434,11 @@ bool gemm_skinny_enabled() {
   return enabled;
 }
 
+bool gemm_stream_default() {
+  static const bool enabled = stream_from_env();
+  return enabled;
+}
+
 gemm_runner::gemm_runner() : impl_(std::make_unique<impl>()) {}
 gemm_runner::~gemm_runner() = default;
 
@@ -286,6 +463,14 @@ kstatus gemm_runner::run(const gemm_params& p, cudaStream_t stream, gemm_path pa
     // against 1.7-3.3).
     path = (p.x_swiglu || (p.m == 1 && gemm_skinny_enabled())) ? gemm_path::skinny
                                                                : gemm_path::cublaslt;
+    if (path == gemm_path::skinny && gemm_stream_default()) path = gemm_path::stream;
+  }
+  if (path == gemm_path::stream) {
+    DUET_KREQUIRE(p.m <= gemm_skinny_max_rows, "gemm: the stream path takes at most gemm_skinny_max_rows rows");
+    DUET_KREQUIRE(!p.x_swiglu || p.m == 1, "gemm: SwiGLU input takes one row");
+    if (p.x_swiglu) return launch_stream<1, true>(p, stream);
+    if (p.m == 1) return launch_stream<1, false>(p, stream);
+    return launch_stream<gemm_skinny_max_rows, false>(p, stream);
   }
   if (path == gemm_path::skinny) {
     DUET_KREQUIRE(p.m <= gemm_skinny_max_rows,

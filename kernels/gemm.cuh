@@ -37,7 +37,13 @@ struct gemm_params {
   bool w_static = false;
 };
 
-enum class gemm_path : uint8_t { automatic, cublaslt, skinny };
+/// Whether the automatic path runs the streaming kernel where it would run the skinny one
+/// (DUET_GEMV=stream).
+[[nodiscard]] bool gemm_stream_default();
+
+/// skinny: one-shot CTAs of 8 rows; stream: a persistent grid walking groups of 8 rows with the
+/// next group's weight loads in flight (both m <= gemm_skinny_max_rows, SwiGLU input at m = 1).
+enum class gemm_path : uint8_t { automatic, cublaslt, skinny, stream };
 
 /// One cuBLASLt handle, its workspace and the per-shape plans; one per stream owner.
 class gemm_runner {
