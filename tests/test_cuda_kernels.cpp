@@ -231,15 +231,15 @@ TEST_CASE(
       {64, 1003, 1024, false, true, false, gemm_path::automatic},
   };
   if (small_sweep()) shapes.resize(5);
-  // The streaming kernel: one round of k (512) and several (4096, 14336, the last partial),
+  // The bulk kernel: one stage of k (512, partial) and several (4096; 14336, the last partial),
   // a CTA walking many groups (n = 32003 on a grid of a few hundred), a partial last group.
   const std::vector<shape> streamed = {
-      {1, 6144, 4096, false, false, false, gemm_path::stream},
-      {3, 1000, 512, true, false, false, gemm_path::stream},
-      {4, 1027, 1024, false, true, false, gemm_path::stream},
-      {1, 4096, 14336, false, false, true, gemm_path::stream},
-      {2, 4099, 14336, true, false, false, gemm_path::stream},
-      {1, 32003, 4096, false, true, false, gemm_path::stream},
+      {1, 6144, 4096, false, false, false, gemm_path::bulk},
+      {3, 1000, 512, true, false, false, gemm_path::bulk},
+      {4, 1027, 1024, false, true, false, gemm_path::bulk},
+      {1, 4096, 14336, false, false, true, gemm_path::bulk},
+      {2, 4099, 14336, true, false, false, gemm_path::bulk},
+      {1, 32003, 4096, false, true, false, gemm_path::bulk},
   };
   shapes.insert(shapes.end(), streamed.begin(), streamed.end() - (small_sweep() ? 1 : 0));
   for (const shape& s : shapes) {
@@ -281,7 +281,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "the skinny and streaming gemms that load their weights before the PDL wait read the input "
+    "the skinny and bulk gemms that load their weights before the PDL wait read the input "
     "the kernel before them wrote on the stream") {
   DUET_REQUIRE_GPU();
   std::mt19937 rng(11);
@@ -297,7 +297,7 @@ TEST_CASE(
     dbuf<uint16_t> dtable(table), dw(w), dx(k), dy(n);
     dbuf<int32_t> did(id);
     for (const auto& [w_static, path] : {std::pair{true, gemm_path::skinny}, std::pair{false, gemm_path::skinny},
-                                        std::pair{true, gemm_path::stream}, std::pair{false, gemm_path::stream}}) {
+                                        std::pair{true, gemm_path::bulk}, std::pair{false, gemm_path::bulk}}) {
       dx.poison();
       dy.poison();
       check(cudaDeviceSynchronize(), "sync");
