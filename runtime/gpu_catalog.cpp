@@ -87,7 +87,7 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
       "gpu", "measured", "source", "step_overhead_s", "decode_sequence_overhead_s",
       "gemm", "attention", "memory", "split_bandwidth", "concurrent_decode_slowdown",
       "concurrent_prefill_slowdown", "concurrent_decode_delay_s", "concurrent_decode_tile_keys",
-      "concurrent_prefill_yield", "shared_prefill_delay_s"};
+      "concurrent_prefill_yield", "concurrent_prefill_attention_yield", "shared_prefill_delay_s"};
   gpu_calibration cal;
   cal.source = file.string();
   for (const auto& [k, v] : root) {
@@ -96,7 +96,8 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
            "unknown key (known: gpu, measured, source, step_overhead_s, "
            "decode_sequence_overhead_s, gemm, attention, memory, split_bandwidth, "
            "concurrent_decode_slowdown, concurrent_prefill_slowdown, concurrent_decode_delay_s, "
-           "concurrent_decode_tile_keys, concurrent_prefill_yield, shared_prefill_delay_s)");
+           "concurrent_decode_tile_keys, concurrent_prefill_yield, "
+           "concurrent_prefill_attention_yield, shared_prefill_delay_s)");
     }
   }
   if (const auto* gpu = root.get("gpu")) {
@@ -131,6 +132,9 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
     cal.concurrent_decode_tile_keys = number(file, *n, "concurrent_decode_tile_keys", true);
   if (const auto* n = root.get("concurrent_prefill_yield"))
     cal.concurrent_prefill_yield = fraction(file, *n, "concurrent_prefill_yield");
+  if (const auto* n = root.get("concurrent_prefill_attention_yield"))
+    cal.concurrent_prefill_attention_yield =
+        fraction(file, *n, "concurrent_prefill_attention_yield");
   if (const auto* n = root.get("shared_prefill_delay_s"))
     cal.shared_prefill_delay_s = number(file, *n, "shared_prefill_delay_s", false);
   if (const auto* n = root.get("split_bandwidth")) {

@@ -73,6 +73,11 @@ struct gpu_calibration {
   // ... and a prefill step in flight loses this fraction of every decode step that starts
   // during it (the decode stream has the higher priority: its kernels get the SMs first).
   std::optional<double> concurrent_prefill_yield;
+  // With this set, the fraction of a decode step's attention time (its KV reads: the share of
+  // its modelled time the roofline gives them) that prefill loses, concurrent_prefill_yield
+  // then being that of the rest of the step (weight GEMMs). Decode attention is split to
+  // fill every SM; a prefill kernel that needs a whole SM cannot run beside any of its blocks.
+  std::optional<double> concurrent_prefill_attention_yield;
   // Engines of one GPU on one shared stream (stream = "shared", event_sim's step_policy::
   // stream): a prefill step holds the stream this much longer than its modelled work. Fitted
   // to the prefill step time (prefill.hop_step) the colocated serving runs measured; what

@@ -130,12 +130,25 @@ struct prefill_shape {
   double key_squares = 0;  // Σ keys², so key_squares / key_sum is the time-weighted keys per row
 };
 
+/// What a decode call computed: its sequences and the tokens they hold in all (the cost
+/// model's b and C).
+struct decode_shape {
+  uint32_t batch = 0;
+  uint64_t context = 0;
+};
+
 /// The sim engine of a worker, counting the tokens its last prefill call sampled: on a shared
 /// stream, a cuda engine's prefill step that sampled tokens syncs the stream twice
 /// (runtime/cuda_engine.cpp: after copying the tokens back, and before returning).
+///
+/// With `synchronous`, it reports its steps as a cuda or cpu engine does, having computed on
+/// the actor's thread (no modelled time left to wait: the cores then act as they do beside
+/// those engines, e.g. prefill_settings::register_hold_ms), and keeps the modelled time for
+/// the simulator (last_modeled).
 class tally_engine final : public engine {
  public:
-  explicit tally_engine(std::shared_ptr<sim_engine> inner) : inner_(std::move(inner)) {}
+  tally_engine(std::shared_ptr<sim_engine> inner, bool synchronous)
+      : inner_(std::move(inner)), synchronous_(synchronous) {}
   [[nodiscard]] const engine_info& info() const override { return inner_->info(); }
   [[nodiscard]] step_output prefill(std::span<const prefill_chunk> chunks) override {
     sampled_ = static_cast<uint32_t>(
@@ -149,22 +162,38 @@ class tally_engine final : public engine {
       shape_.key_sum += t * p + t * (t + 1) / 2;
       shape_.key_squares += squares(p + t) - squares(p);
     }
-    return inner_->prefill(chunks);
+    return keep_modeled(inner_->prefill(chunks));
   }
   [[nodiscard]] step_output decode(std::span<const decode_slot> slots) override {
     sampled_ = 0;  // one sync, after copying the tokens back
     shape_ = {};
-    return inner_->decode(slots);
+    decode_shape_ = {static_cast<uint32_t>(slots.size()), 0};
+    for (const auto& s : slots) decode_shape_.context += s.history.size();
+    return keep_modeled(inner_->decode(slots));
   }
+  /// The modelled time of the latest call, ns.
+  [[nodiscard]] int64_t last_modeled() const { return modeled_ns_; }
   /// Prompts whose last chunk the latest prefill call computed (0 after a decode call).
   [[nodiscard]] uint32_t last_prefill_sampled() const { return sampled_; }
   /// The rows and keys of the latest prefill call (empty after a decode call).
   [[nodiscard]] const prefill_shape& last_prefill() const { return shape_; }
+  /// The batch and context of the latest decode call (kept across prefill calls; a decode
+  /// worker's prefill calls are recompute chunks).
+  [[nodiscard]] const decode_shape& last_decode() const { return decode_shape_; }
 
  private:
+  step_output keep_modeled(step_output out) {
+    modeled_ns_ = std::max<int64_t>(out.modeled.count(), 0);
+    if (synchronous_) out.modeled = std::chrono::nanoseconds{0};
+    return out;
+  }
+
   std::shared_ptr<sim_engine> inner_;
+  bool synchronous_ = false;
+  int64_t modeled_ns_ = 0;
   uint32_t sampled_ = 0;
   prefill_shape shape_;
+  decode_shape decode_shape_;
 };
 
 struct unit {
@@ -177,6 +206,13 @@ struct unit {
   // On a shared stream (step_policy::stream): a step is enqueued, not yet returned.
   bool in_step = false;
   bool second_sync = false;  // the step sampled tokens (prefill): it syncs once more
+  // A cuda or cpu engine computes inside the actor's begin_step (actors/roles.cpp): messages
+  // that reach the worker while its step runs wait in its mailbox until the step returns.
+  struct held_message {
+    event e;
+    int64_t received_ns = 0;  // when it reached the mailbox
+  };
+  std::vector<held_message> held;
   uint64_t wait_serial = 0;  // its last sync waits for this queued item (0: none)
 
   outbox& out() { return prefill ? prefill->out() : decode->out(); }
@@ -376,7 +412,7 @@ class event_sim {
                                               config_.model.max_context, config_.model.block_tokens,
                                               w.sm_share, 1.0);
       }
-      u.engine = std::make_unique<tally_engine>(engine);
+      u.engine = std::make_unique<tally_engine>(engine, synchronous_steps_);
       u.kv_blocks = w.kv_blocks > 0
                         ? w.kv_blocks
                         : kv_blocks_from_memory(config_, deployment_.gpus[w.gpu].type,
@@ -669,12 +705,55 @@ class event_sim {
     }
     const uint32_t index = e.a - first_unit;
     unit& u = *units_[index];
+    if (synchronous_steps_ && stepping(index)) {
+      // Into the mailbox until the step returns (held_messages); the frames go back in a slot.
+      event kept = e;
+      kept.payload = store(std::move(frames));
+      u.held.push_back({kept, now_});
+      return;
+    }
+    deliver_to_unit(e, u, *env, frames, index, -1);
+    kick(u.timeline);
+    flush(u.out());
+  }
+
+  /// Whether unit `index` has a step in flight: enqueued on its shared stream and not yet
+  /// returned, or running on its timeline.
+  [[nodiscard]] bool stepping(uint32_t index) const {
+    const unit& u = *units_[index];
+    const timeline& tl = timelines_[u.timeline];
+    if (tl.stream) return u.in_step;
+    return tl.busy && tl.running == index;
+  }
+
+  /// What the worker's actor does when its synchronous step returns, before it applies the
+  /// step (finish_step: its step_done comes after them in the mailbox): the messages that
+  /// arrived meanwhile, in order. Their handlers step nothing (the actor is still stepping).
+  void held_messages(unit& u, uint32_t index) {
+    if (u.held.empty()) return;
+    std::vector<unit::held_message> held;
+    held.swap(u.held);
+    for (const auto& [e, received_ns] : held) {
+      msg::frames frames = std::move(payloads_[e.payload]);
+      free_payloads_.push_back(e.payload);
+      const auto env = msg::decode_envelope(frames);
+      if (!env) continue;  // decoded once already
+      deliver_to_unit(e, u, *env, frames, index, epoch_ms + received_ns / ns_per_ms);
+    }
+  }
+
+  /// Hands a message to a worker's core (received_ms: when it reached a mailbox it waited
+  /// in, else -1).
+  void deliver_to_unit(const event& e, unit& u, const msg::envelope& env_in, msg::frames& frames,
+                       uint32_t index, int64_t received) {
+    const int64_t now = now_ms();
+    const auto* env = &env_in;
     if (u.prefill) {
       auto& core = *u.prefill;
       msg::dispatch(*env, frames, [&](const msg::envelope& en, auto& m) {
         using M = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<M, msg::prefill_request>)
-          core.on_request(en, m, now);
+          core.on_request(en, m, now, received);
         else if constexpr (std::is_same_v<M, msg::cancel_seq>)
           core.on_cancel(m);
         else if constexpr (std::is_same_v<M, msg::kv_registered>)
@@ -702,8 +781,6 @@ class event_sim {
           core.on_cancel(m);
       });
     }
-    kick(u.timeline);
-    flush(u.out());
   }
 
   /// When the KV of a successful kv_moved has crossed the link to decode unit `dst`: the
@@ -781,8 +858,7 @@ class event_sim {
       tl.running = tl.units[pos];
       tl.last = pos;
       tl.step_start = now_;
-      const auto work_ns =
-          static_cast<int64_t>(static_cast<double>(std::max<int64_t>(wait->count(), 0)) * stretch);
+      const auto work_ns = static_cast<int64_t>(static_cast<double>(u.engine->last_modeled()) * stretch);
       tl.step_end = now_ + work_ns + delay_ns;
       push({tl.step_end, event_kind::step_done, false, t, ++tl.generation});
       // The prefill in flight loses SM time to the decode step's work, not to its wait.
@@ -849,10 +925,11 @@ class event_sim {
   }
 
   /// A decode step on its own stream takes SMs first (highest priority): a prefill step of
-  /// the GPU in flight on another stream loses `concurrent_prefill_yield` of its duration.
+  /// the GPU in flight on another stream loses a fraction of the decode step's work time,
+  /// `decode_yield` of it.
   void yield_to_decode(const unit& u, const timeline& tl, int64_t decode_ns) {
     if (!u.spec.own_stream || u.spec.sm_share < 1) return;
-    const double yield = specs_[tl.gpu].calibration.concurrent_prefill_yield.value_or(0.0);
+    const double yield = decode_yield(u, tl.gpu);
     if (yield <= 0) return;
     for (uint32_t t = 0; t < timelines_.size(); ++t) {
       timeline& other = timelines_[t];
@@ -862,6 +939,42 @@ class event_sim {
       other.step_end += static_cast<int64_t>(yield * static_cast<double>(decode_ns));
       push({other.step_end, event_kind::step_done, false, t, ++other.generation});
     }
+  }
+
+  /// The fraction of a decode step's work that a prefill step beside it loses:
+  /// concurrent_prefill_yield, or, with concurrent_prefill_attention_yield set, the two
+  /// weighted by the step's attention share a (decode_attention_share): the attention
+  /// kernels (KV reads) take that key's fraction of the SMs from prefill, the rest of the
+  /// step (the weight GEMMs, norms, sampling) concurrent_prefill_yield. A recompute chunk
+  /// (a prefill call of the decode worker) takes concurrent_prefill_yield.
+  [[nodiscard]] double decode_yield(const unit& u, uint32_t gpu) const {
+    const auto& cal = specs_[gpu].calibration;
+    const double rest = cal.concurrent_prefill_yield.value_or(0.0);
+    if (!cal.concurrent_prefill_attention_yield || u.engine->last_prefill().tokens > 0) return rest;
+    const double a = decode_attention_share(u.engine->last_decode(), gpu);
+    return rest + (*cal.concurrent_prefill_attention_yield - rest) * a;
+  }
+
+  /// The share of a decode step's modelled GPU time that its attention takes: of the bound
+  /// the roofline picks, the KV bytes over all bytes read (memory-bound) or the attention
+  /// FLOP time over all FLOP time (compute-bound), as cost_model::decode_seconds prices them.
+  [[nodiscard]] double decode_attention_share(const decode_shape& step, uint32_t gpu) const {
+    if (step.batch == 0 || step.context == 0) return 0.0;
+    const auto& costs = costs_[gpu];
+    const auto& m = costs.shape();
+    const auto& spec = costs.gpu();
+    const auto& cal = spec.calibration;
+    const double b = step.batch, c = double(step.context);
+    const double kv_bytes = double(m.kv_bytes_per_token()) * c;
+    const double bytes = double(m.weight_bytes()) + kv_bytes;
+    const double memory_s =
+        bytes / (spec.memory_bandwidth * cal.memory.at(bytes, spec.bandwidth_efficiency));
+    const double gemm_s = 2.0 * double(m.linear_params()) * b /
+                          (spec.bf16_flops * cal.gemm.at(b, spec.gemm_efficiency));
+    const double attention_s = 4.0 * m.layers * m.heads * m.head_dim * c /
+                               (spec.bf16_flops * cal.attention.at(c / b, spec.gemm_efficiency));
+    if (memory_s >= gemm_s + attention_s) return kv_bytes / bytes;
+    return attention_s / (gemm_s + attention_s);
   }
 
   // A shared CUDA stream (step_policy::stream), as two cuda engines of one process use it
@@ -884,7 +997,7 @@ class event_sim {
       u.in_step = true;
       u.second_sync = u.prefill && u.engine->last_prefill_sampled() > 0;
       u.wait_serial = 0;
-      int64_t work = std::max<int64_t>(wait->count(), 0);
+      int64_t work = u.engine->last_modeled();
       if (u.prefill) {
         const double delay = specs_[tl.gpu].calibration.shared_prefill_delay_s.value_or(0.0);
         work += static_cast<int64_t>(std::llround(delay * 1e9));
@@ -934,6 +1047,7 @@ class event_sim {
       unit& u = *units_[i];
       u.in_step = false;
       u.wait_serial = 0;
+      held_messages(u, i);
       if (u.prefill)
         u.prefill->finish_step(now_ms());
       else
@@ -946,6 +1060,7 @@ class event_sim {
   void step_done(uint32_t t) {
     timeline& tl = timelines_[t];
     unit& u = *units_[tl.running];
+    held_messages(u, tl.running);
     if (u.prefill)
       u.prefill->finish_step(now_ms());
     else
@@ -1042,6 +1157,9 @@ class event_sim {
   outbox client_out_;
   std::vector<gpu_spec> specs_;
   std::vector<cost_model> costs_;  // per GPU, at full share: what the contention model prices
+  // The config's engine computes inside the actor's step (cuda, cpu): a worker reads no
+  // message while its step runs. The live sim engine's step is a timer: messages flow.
+  bool synchronous_steps_ = config_.engine.kind != "sim";
   std::unique_ptr<router_core> router_;
   std::unique_ptr<broker_core> broker_;
   std::vector<std::unique_ptr<unit>> units_;

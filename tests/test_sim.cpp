@@ -744,6 +744,131 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "on streams of their own, a prefill step loses concurrent_prefill_attention_yield of the "
+    "attention share of each decode step that starts during it, concurrent_prefill_yield of the "
+    "rest") {
+  auto config = default_config();
+  config.engine.gpu = "h200";
+  config.nodes.resize(1);
+  for (auto& a : config.nodes[0].actors) a.device = 0;  // prefill and decode on one GPU
+  const auto d = deployment_from_config(config);
+  REQUIRE(d.gpus.size() == 1);
+  for (const auto& w : d.workers) REQUIRE(w.own_stream);
+  // Flat efficiencies, no decode delay: a prefill step is pushed back by the yields alone.
+  gpu_calibration cal;
+  cal.gemm.points = {{1, 0.5}};
+  cal.attention.points = {{1, 0.25}};
+  cal.memory.points = {{1, 0.8}};
+  const double rest = 0.5, attention = 1.0;
+  cal.concurrent_prefill_yield = rest;
+  cal.concurrent_prefill_attention_yield = attention;
+  auto gpu = *find_gpu_spec("h200");
+  gpu.calibration = cal;
+  const auto shape = *find_model_shape(config.model.preset);
+  const cost_model costs(shape, gpu);
+  sim_options o;
+  o.calibrations["h200"] = cal;
+  const int64_t h = 50'000;  // one hop, ns
+  auto ns = [](double s) { return static_cast<int64_t>(std::floor(s * 1e9)); };
+  // A (2,000 tokens) decodes alone; B (1,000) prefills in one chunk meanwhile, from 2 hops after
+  // it arrives, halfway through A's 5th decode step. A's decode step k holds C = 2000 + k tokens,
+  // memory-bound: its attention share is its KV bytes over all it reads.
+  const int64_t pa = ns(costs.prefill_seconds(2000, costs.chunk_attention_flops(2000, 0)));
+  const int64_t pb = ns(costs.prefill_seconds(1000, costs.chunk_attention_flops(1000, 0)));
+  auto step = [&](int k) { return ns(costs.decode_seconds(1, 2000 + k)); };
+  auto share = [&](int k) {
+    const double kv = double(shape.kv_bytes_per_token()) * (2000 + k);
+    return kv / (double(shape.weight_bytes()) + kv);
+  };
+  const int64_t d1 = 2 * h + pa + 6 * h;  // A's first decode step starts
+  int64_t start5 = d1;
+  for (int k = 1; k < 5; ++k) start5 += step(k);
+  const int64_t tb = start5 + step(5) / 2 - 2 * h;
+  // B's step ends after its chunk and, for every decode step k of A that starts before then,
+  // y_k · that step's work, y_k = rest + (attention − rest) · share(k) (the old model: y_k = rest).
+  auto b_ttft = [&](bool by_share) {
+    int64_t end = tb + 2 * h + pb, s = d1;
+    for (int k = 1; s < end; s += step(k), ++k) {
+      if (s < tb + 2 * h) continue;
+      const double y = by_share ? rest + (attention - rest) * share(k) : rest;
+      end += static_cast<int64_t>(y * double(step(k)));
+    }
+    return double(end + 4 * h - tb) * 1e-9;
+  };
+  MESSAGE("attention share of A's decode steps " << share(6) << "; B's TTFT " << b_ttft(true) * 1e3
+                                                 << " ms (the single yield: " << b_ttft(false) * 1e3
+                                                 << ")");
+  REQUIRE(b_ttft(true) - b_ttft(false) > 50e-6);
+  const std::vector<trace_request> trace = {request_at(0, 2000, 60),
+                                            request_at(double(tb) * 1e-9, 1000, 2)};
+  const auto r = run_simulation(config, d, trace, o);
+  for (const auto& rec : r.records) REQUIRE(rec.succeeded());
+  CHECK(*r.records[0].ttft_s() == Approx(double(6 * h + pa) * 1e-9).epsilon(1e-9));
+  CHECK(*r.records[1].ttft_s() == Approx(b_ttft(true)).epsilon(1e-7));
+  // Without the key, the whole step loses concurrent_prefill_yield of it (the model before).
+  o.calibrations["h200"].concurrent_prefill_attention_yield.reset();
+  const auto old = run_simulation(config, d, trace, o);
+  CHECK(*old.records[1].ttft_s() == Approx(b_ttft(false)).epsilon(1e-7));
+}
+
+TEST_CASE(
+    "a worker whose engine computes in its actor's step (cuda, cpu) reads its messages only "
+    "when the step returns: a sequence adopted during a decode step joins the batch two steps "
+    "later, and a prompt that arrives during a prefill step waits in the mailbox") {
+  auto config = default_config();
+  config.engine.gpu = "h200";
+  auto d = one_p_one_d("h200");  // prefill on one GPU, decode on the other
+  d.link = link_kind::same_gpu;   // no transfer time
+  const auto shape = *find_model_shape(config.model.preset);
+  const cost_model costs(shape, *find_gpu_spec("h200"));
+  const double h = 50e-6;
+  auto ns = [](double s) { return std::floor(s * 1e9) / 1e9; };
+  const double pa = ns(costs.prefill_seconds(1000, costs.chunk_attention_flops(1000, 0)));
+  const double pb = ns(costs.prefill_seconds(500, costs.chunk_attention_flops(500, 0)));
+  // A (1,000 tokens) decodes alone; B's prompt (500) ends its prefill halfway through A's 5th
+  // decode step; C arrives halfway through B's prefill step.
+  const double d1 = 2 * h + pa + 6 * h;
+  double end4 = d1;
+  for (int k = 1; k <= 4; ++k) end4 += ns(costs.decode_seconds(1, 1000 + k));
+  const double tb = end4 + ns(costs.decode_seconds(1, 1005)) / 2 - pb - 2 * h;
+  const double tc = tb + 2 * h + pb / 2 - 2 * h;
+  const std::vector<trace_request> trace = {request_at(0, 1000, 20), request_at(tb, 500, 3),
+                                            request_at(tc, 300, 2)};
+  // Which of A's decode steps (1, 2, ...) B's first decode step is: the step whose token reached
+  // the client with B's second token.
+  auto joined = [&](const sim_result& r) {
+    const auto& a = r.records[0];
+    const auto& b = r.records[1];
+    const double b_second = *b.first_token_s + b.itl_s.at(0);
+    double t = *a.first_token_s;
+    for (size_t i = 0; i < a.itl_s.size(); ++i) {
+      t += a.itl_s[i];
+      if (std::abs(t - b_second) < 1e-9) return int(i) + 1;
+    }
+    return -1;
+  };
+  const auto timers = run_simulation(config, d, trace);  // the sim engine: messages flow
+  config.engine.kind = "cuda";
+  const auto in_step = run_simulation(config, d, trace);
+  for (const auto* r : {&timers, &in_step}) {
+    for (const auto& rec : r->records) REQUIRE(rec.succeeded());
+  }
+  // The sim engine: B's adoption (router, decode, broker and back: a few hops) completes within
+  // A's 5th step, so B joins the 6th. In the step: the adopt waits for the 5th to return, the
+  // pull goes out, and kv_moved waits out the 6th.
+  CHECK(joined(timers) == 6);
+  CHECK(joined(in_step) == 7);
+  // C reached the prefill worker during B's step: it waited there until the step returned.
+  CHECK(timers.counters.at("prefill.hop_inbox_us") == 0);
+  const double c_waited = (tb + 2 * h + pb) - (tc + 2 * h);
+  CHECK(double(in_step.counters.at("prefill.hop_inbox_us")) * 1e-6 ==
+        Approx(c_waited).epsilon(0.05));
+  // No message is lost or reordered: every request gets all its tokens either way.
+  CHECK(in_step.records[0].output_tokens == 20);
+  CHECK(in_step.records[2].output_tokens == 2);
+}
+
+TEST_CASE(
     "on one shared stream a prompt's prefill step waits for the decode step ahead of it and, "
     "having sampled its first token, for the decode step queued behind it; decode enqueues "
     "first after both return") {
