@@ -41,7 +41,8 @@ WEIGHT_BYTES = 2 * (LINEAR_PARAMS + VOCAB * HIDDEN)               # + untied emb
 KV_BYTES_PER_TOKEN = 2 * L * KV * 2
 SERVING_KEYS = ("step_overhead_s", "decode_sequence_overhead_s", "split_bandwidth",
                 "concurrent_decode_slowdown", "concurrent_prefill_slowdown",
-                "concurrent_decode_delay_s", "concurrent_decode_tile_keys", "concurrent_prefill_yield", "shared_prefill_delay_s")
+                "concurrent_decode_delay_s", "concurrent_decode_tile_keys", "concurrent_prefill_yield",
+                "concurrent_prefill_attention_yield", "shared_prefill_delay_s")
 
 
 def gpu_spec(name):
