@@ -172,14 +172,10 @@ int main(int argc, char** argv) {
         const double lt =
             time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::cublaslt)); });
         const double sk = time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::skinny)); });
-        const double st = time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::bulk)); });
         kr[std::string("gemv_") + s.name + "_cublaslt_TBps"] = s.n * s.k * 2 / lt / 1e9;
         kr[std::string("gemv_") + s.name + "_skinny_TBps"] = s.n * s.k * 2 / sk / 1e9;
-        kr[std::string("gemv_") + s.name + "_bulk_TBps"] = s.n * s.k * 2 / st / 1e9;
         g.m = 4;
         const double sk4 = time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::skinny)); });
-        const double st4 = time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::bulk)); });
-        kr[std::string("gemm_M4_") + s.name + "_bulk_TBps"] = s.n * s.k * 2 / st4 / 1e9;
         const double lt4 =
             time_device([&] { k_ok(runner.run(g, nullptr, k::gemm_path::cublaslt)); });
         g.m = 8;
@@ -194,10 +190,10 @@ int main(int argc, char** argv) {
         kr[std::string("gemm_M64_") + s.name + "_cublaslt_TBps"] = s.n * s.k * 2 / lt64 / 1e9;
         std::printf(
             "gemm %-8s M=8192 %4.0f TFLOP/s | TB/s over the weight: M=1 cuBLASLt %.2f skinny %.2f "
-            "bulk %.2f | M=4 cuBLASLt %.2f "
-            "skinny %.2f bulk %.2f | M=8 cuBLASLt %.2f | M=64 cuBLASLt %.2f\n",
-            s.name, f / ms / 1e9, s.n * s.k * 2 / lt / 1e9, s.n * s.k * 2 / sk / 1e9, s.n * s.k * 2 / st / 1e9,
-            s.n * s.k * 2 / lt4 / 1e9, s.n * s.k * 2 / sk4 / 1e9, s.n * s.k * 2 / st4 / 1e9, s.n * s.k * 2 / lt8 / 1e9,
+            "| M=4 cuBLASLt %.2f "
+            "skinny %.2f | M=8 cuBLASLt %.2f | M=64 cuBLASLt %.2f\n",
+            s.name, f / ms / 1e9, s.n * s.k * 2 / lt / 1e9, s.n * s.k * 2 / sk / 1e9,
+            s.n * s.k * 2 / lt4 / 1e9, s.n * s.k * 2 / sk4 / 1e9, s.n * s.k * 2 / lt8 / 1e9,
             s.n * s.k * 2 / lt64 / 1e9);
       }
       gemm_rate = flops / ms_total * 1e3;
@@ -436,7 +432,6 @@ int main(int argc, char** argv) {
     report["attention_variant"] =
         std::getenv("DUET_CUDA_ATTN_VARIANT") ? std::getenv("DUET_CUDA_ATTN_VARIANT") : "0";
     report["skinny_gemm"] = k::gemm_skinny_enabled();
-    report["gemv_bulk_default"] = k::gemm_bulk_default();
     std::ofstream(out_file) << report.dump(1) << "\n";
     return 0;
   } catch (const std::exception& e) {

@@ -1,8 +1,5 @@
 #include <cublasLt.h>
 
-#include <algorithm>
-#include <array>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -125,135 +122,6 @@ __global__ void __launch_bounds__(sk_threads) skinny_kernel(gemm_params p) {
   }
 }
 
-// -------------------------------------------------------------------------------- bulk kernel
-//
-// The skinny kernel's CTAs issue all their weight loads at once, wait, reduce and exit: each
-// SM's loads come in bursts with gaps while CTAs reduce and start (qkv and o, n = 6144 and
-// 4096, stream at 2.7-2.8 TB/s, gate_up at 3.85). A persistent kernel with register double
-// buffering was no better (2.8-2.9 on qkv and o, 3.4 on gate_up and down: 64 KB in flight per
-// SM against the skinny kernel's 128 KB in bursts). Here one CTA per SM keeps bk_stages
-// stages of 32 KB in flight continuously: a producer warp copies 8 rows × 2,048 columns of the
-// weight per stage with cp.async.bulk onto a full mbarrier, 4 consumer warps multiply them
-// from shared memory against x and free the stage; a CTA walks groups of 8 rows (every k
-// stage of a group in turn, so the group's sums stay in registers) with a grid-wide stride.
-// Weights are static, so the copies start before the wait for the previous kernel (PDL).
-
-constexpr int bk_rows = 8;
-constexpr uint32_t bk_cols = 2048;  // k elements of one row per stage: 4 KB
-constexpr int bk_stages = 4;
-constexpr int bk_consumers = 128;
-constexpr int bk_threads = bk_consumers + 32;
-constexpr uint32_t bk_stage_bytes = bk_rows * bk_cols * 2;
-
-template <int max_m>
-constexpr size_t bulk_smem_bytes() {
-  return size_t{bk_stages} * bk_stage_bytes + 2 * bk_stages * 8 + sizeof(float) * (bk_consumers / 32) * bk_rows * max_m;
-}
-
-template <int max_m, bool swiglu>
-__global__ void __launch_bounds__(bk_threads, 1) bulk_kernel(gemm_params p, uint32_t k_stages) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  extern __shared__ __align__(128) unsigned char smem[];
-  const uint32_t base = dev::smem_addr(smem);
-  const uint32_t full = base + bk_stages * bk_stage_bytes, empty = full + 8 * bk_stages;
-  auto* red = reinterpret_cast<float*>(smem + bk_stages * bk_stage_bytes + 16 * bk_stages);  // [warp][row][m]
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int m = static_cast<int>(p.m);
-  const uint32_t groups = (p.n + bk_rows - 1) / bk_rows;
-  const uint32_t mine = blockIdx.x < groups ? (groups - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
-  const uint32_t items = mine * k_stages;
-  if (tid == 0) {
-    for (int s = 0; s < bk_stages; ++s) {
-      dev::mbar_init(full + 8 * s, 1);
-      dev::mbar_init(empty + 8 * s, bk_consumers);
-    }
-    dev::mbar_init_fence();
-  }
-  __syncthreads();
-  if (warp == bk_consumers / 32) {  // the producer
-    if (!p.w_static) dev::pdl_wait();
-    dev::pdl_launch_dependents();
-    if (lane != 0) return;
-    for (uint32_t i = 0; i < items; ++i) {
-      const uint32_t s = i % bk_stages, use = i / bk_stages;
-      if (use > 0) dev::mbar_wait(empty + 8 * s, (use - 1) & 1);
-      const uint32_t group = blockIdx.x + (i / k_stages) * gridDim.x, c0 = (i % k_stages) * bk_cols;
-      const uint32_t row_bytes = min(bk_cols, p.k - c0) * 2;
-      dev::mbar_arrive_expect_tx(full + 8 * s, row_bytes * bk_rows);
-      for (int j = 0; j < bk_rows; ++j) {
-        const uint64_t row = min(group * bk_rows + j, p.n - 1);
-        dev::bulk_copy_g2s(base + s * bk_stage_bytes + j * bk_cols * 2, p.w + row * p.k + c0, row_bytes, full + 8 * s);
-      }
-    }
-    return;
-  }
-  dev::pdl_wait();  // x is the previous kernel's output
-  if (p.w_static) dev::pdl_launch_dependents();
-  float acc[bk_rows][max_m] = {};
-  for (uint32_t i = 0; i < items; ++i) {
-    const uint32_t s = i % bk_stages, use = i / bk_stages;
-    const uint32_t kstage = i % k_stages, c0 = kstage * bk_cols;
-    const uint32_t vectors = min(bk_cols, p.k - c0) / 8;
-    dev::mbar_wait(full + 8 * s, use & 1);
-    const auto* stage = reinterpret_cast<const uint4*>(smem + s * bk_stage_bytes);
-#pragma unroll
-    for (uint32_t q = 0; q < bk_cols / 8 / bk_consumers; ++q) {
-      const uint32_t e = tid + q * bk_consumers;
-      if (e >= vectors) break;
-      float x[max_m][8];
-#pragma unroll
-      for (int r = 0; r < max_m; ++r) {
-        if (r < m) x_chunk<swiglu>(p, r, c0 / 8 + e, x[r]);
-      }
-#pragma unroll
-      for (int j = 0; j < bk_rows; ++j) {
-        float w[8];
-        dev::unpack8(stage[j * (bk_cols / 8) + e], w);
-#pragma unroll
-        for (int r = 0; r < max_m; ++r) {
-          if (r < m) {
-#pragma unroll
-            for (int t = 0; t < 8; ++t) acc[j][r] = fmaf(x[r][t], w[t], acc[j][r]);
-          }
-        }
-      }
-    }
-    dev::mbar_arrive(empty + 8 * s);
-    if (kstage + 1 < k_stages) continue;
-    // The group's last stage: its sums across the consumer warps.
-    const uint32_t group = blockIdx.x + (i / k_stages) * gridDim.x;
-#pragma unroll
-    for (int j = 0; j < bk_rows; ++j) {
-#pragma unroll
-      for (int r = 0; r < max_m; ++r) {
-        if (r < m) {
-          const float v = dev::warp_sum(acc[j][r]);
-          if (lane == 0) red[(warp * bk_rows + j) * max_m + r] = v;
-        }
-        acc[j][r] = 0.0f;
-      }
-    }
-    asm volatile("bar.sync 1, %0;\n" ::"n"(bk_consumers) : "memory");
-    if (tid < bk_rows * m) {
-      const int j = tid / m, r = tid % m;
-      const uint32_t n = group * bk_rows + j;
-      if (n < p.n) {
-        float v = 0.0f;
-#pragma unroll
-        for (int w = 0; w < bk_consumers / 32; ++w) v += red[(w * bk_rows + j) * max_m + r];
-        if (p.bias) v += dev::bf(p.bias[n]);
-        if (p.y_fp32) {
-          static_cast<float*>(p.y)[static_cast<uint64_t>(r) * p.ldy + n] = v;
-        } else {
-          static_cast<uint16_t*>(p.y)[static_cast<uint64_t>(r) * p.ldy + n] = dev::to_bf(v);
-        }
-      }
-    }
-    asm volatile("bar.sync 1, %0;\n" ::"n"(bk_consumers) : "memory");  // red is written again
-  }
-#endif
-}
-
 // ------------------------------------------------------------------------------------ cuBLASLt
 
 #define DUET_LT(call)                                              \
@@ -275,38 +143,6 @@ struct plan {
 bool skinny_from_env() {
   const char* v = std::getenv("DUET_GEMM_SKINNY");
   return !(v && std::strcmp(v, "0") == 0);
-}
-
-// The automatic path's kernel for one row: DUET_GEMV=bulk picks the bulk kernel.
-bool bulk_from_env() {
-  const char* v = std::getenv("DUET_GEMV");
-  return v && std::strcmp(v, "bulk") == 0;
-}
-
-template <int max_m, bool swiglu>
-kstatus launch_bulk(const gemm_params& p, cudaStream_t stream) {
-  int device = 0, sms = 0, major = 0, per_sm = 0;
-  DUET_KCHECK(cudaGetDevice(&device));
-  DUET_KCHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  DUET_KREQUIRE(major >= 9, "gemm: the bulk path needs compute capability 9.0 (cp.async.bulk)");
-  DUET_KCHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  constexpr size_t smem = bulk_smem_bytes<max_m>();
-  // Once per device, on the eager warm-up before any decode graph is captured.
-  static std::array<std::atomic<int>, 64> blocks_per_sm{};
-  DUET_KREQUIRE(device >= 0 && device < 64, "gemm: device ordinal out of range");
-  per_sm = blocks_per_sm[device].load();
-  if (per_sm == 0) {
-    DUET_KCHECK(cudaFuncSetAttribute(bulk_kernel<max_m, swiglu>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(smem)));
-    DUET_KCHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bulk_kernel<max_m, swiglu>, bk_threads, smem));
-    DUET_KREQUIRE(per_sm > 0, "gemm: the bulk kernel does not fit on an SM");
-    blocks_per_sm[device].store(per_sm);
-  }
-  const uint32_t groups = (p.n + bk_rows - 1) / bk_rows;
-  const uint32_t grid = std::min<uint32_t>(groups, static_cast<uint32_t>(std::max(1, sms * per_sm)));
-  const uint32_t k_stages = (p.k + bk_cols - 1) / bk_cols;
-  DUET_KCHECK(launch(bulk_kernel<max_m, swiglu>, dim3(grid), dim3(bk_threads), smem, stream, p, k_stages));
-  return {};
 }
 
 bool tune_enabled() {
@@ -358,11 +194,11 @@ struct gemm_runner::impl {
     const uint64_t ws = workspace_bytes;
     const cublasStatus_t set = cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-    cublasLtMatmulHeuristicResult_t results[16];
+    cublasLtMatmulHeuristicResult_t results[8];
     int found = 0;
     const cublasStatus_t heur =
         set == CUBLAS_STATUS_SUCCESS
-            ? cublasLtMatmulAlgoGetHeuristic(handle, pl.desc, pl.a, pl.b, pl.d, pl.d, pref, 16,
+            ? cublasLtMatmulAlgoGetHeuristic(handle, pl.desc, pl.a, pl.b, pl.d, pl.d, pref, 8,
                                              results, &found)
             : set;
     cublasLtMatmulPreferenceDestroy(pref);
@@ -371,56 +207,12 @@ struct gemm_runner::impl {
       return kstatus{cudaErrorNotSupported, "cuBLASLt has no algorithm for this GEMM", __FILE__,
                      __LINE__};
     pl.algo = results[0].algo;
-    // Timing the candidates pays for shapes that recur: decode buckets (powers of two) and full
-    // prefill passes (m a multiple of 64); other shapes keep the heuristic's first choice.
-    const bool recurs = p.m % 64 == 0 || (p.m & (p.m - 1)) == 0;
-    if (tune_enabled() && recurs) {
+    // Timing the candidates pays for shapes that recur: decode buckets and full prefill passes
+    // (m a multiple of 64); other shapes keep the heuristic's first choice.
+    if (found > 1 && tune_enabled() && p.m % 64 == 0) {
       for (int i = 0; i < found; ++i) pl.candidates.push_back(results[i].algo);
-      if (p.m <= 256) add_split_k(pl, found, results);
-      if (pl.candidates.size() < 2) pl.candidates.clear();
     }
     return {};
-  }
-
-  // Decode's GEMMs have few rows: the heuristic's tiles of 64-256 outputs give n = 4096-6144 only
-  // 16-96 CTAs on 132 SMs, so the weights stream from a fraction of them (cuBLASLt read the qkv
-  // and o weights at 1.5-1.6 TB/s at m = 64). Splitting k across CTAs fills the SMs; every
-  // split the library accepts (cublasLtMatmulAlgoCheck, within the workspace) is timed too.
-  void add_split_k(plan& pl, int found, const cublasLtMatmulHeuristicResult_t* results) {
-    for (int i = 0; i < found; ++i) {
-      int32_t support = 0;
-      uint32_t schemes = 0;
-      size_t written = 0;
-      if (cublasLtMatmulAlgoCapGetAttribute(&results[i].algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &support,
-                                            sizeof(support), &written) != CUBLAS_STATUS_SUCCESS ||
-          !support)
-        continue;
-      if (cublasLtMatmulAlgoCapGetAttribute(&results[i].algo, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &schemes,
-                                            sizeof(schemes), &written) != CUBLAS_STATUS_SUCCESS)
-        continue;
-      uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
-      for (const uint32_t s : {CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE,
-                               CUBLASLT_REDUCTION_SCHEME_INPLACE}) {
-        if (schemes & s) {
-          scheme = s;
-          break;
-        }
-      }
-      if (scheme == CUBLASLT_REDUCTION_SCHEME_NONE) continue;
-      for (const uint32_t splits : {2u, 3u, 4u, 6u, 8u, 12u}) {
-        cublasLtMatmulAlgo_t algo = results[i].algo;
-        cublasLtMatmulHeuristicResult_t checked{};
-        if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
-                                                 sizeof(splits)) != CUBLAS_STATUS_SUCCESS ||
-            cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
-                                                 sizeof(scheme)) != CUBLAS_STATUS_SUCCESS ||
-            cublasLtMatmulAlgoCheck(handle, pl.desc, pl.a, pl.b, pl.d, pl.d, &algo, &checked) !=
-                CUBLAS_STATUS_SUCCESS ||
-            checked.workspaceSize > workspace_bytes)
-          continue;
-        pl.candidates.push_back(algo);
-      }
-    }
   }
 
   kstatus matmul(const gemm_params& p, const plan& pl, const cublasLtMatmulAlgo_t& algo,
@@ -470,11 +262,6 @@ bool gemm_skinny_enabled() {
   return enabled;
 }
 
-bool gemm_bulk_default() {
-  static const bool enabled = bulk_from_env();
-  return enabled;
-}
-
 gemm_runner::gemm_runner() : impl_(std::make_unique<impl>()) {}
 gemm_runner::~gemm_runner() = default;
 
@@ -499,14 +286,6 @@ kstatus gemm_runner::run(const gemm_params& p, cudaStream_t stream, gemm_path pa
     // against 1.7-3.3).
     path = (p.x_swiglu || (p.m == 1 && gemm_skinny_enabled())) ? gemm_path::skinny
                                                                : gemm_path::cublaslt;
-    if (path == gemm_path::skinny && gemm_bulk_default()) path = gemm_path::bulk;
-  }
-  if (path == gemm_path::bulk) {
-    DUET_KREQUIRE(p.m <= gemm_skinny_max_rows, "gemm: the bulk path takes at most gemm_skinny_max_rows rows");
-    DUET_KREQUIRE(!p.x_swiglu || p.m == 1, "gemm: SwiGLU input takes one row");
-    if (p.x_swiglu) return launch_bulk<1, true>(p, stream);
-    if (p.m == 1) return launch_bulk<1, false>(p, stream);
-    return launch_bulk<gemm_skinny_max_rows, false>(p, stream);
   }
   if (path == gemm_path::skinny) {
     DUET_KREQUIRE(p.m <= gemm_skinny_max_rows,

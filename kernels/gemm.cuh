@@ -37,14 +37,7 @@ struct gemm_params {
   bool w_static = false;
 };
 
-/// Whether the automatic path runs the bulk kernel where it would run the skinny one
-/// (DUET_GEMV=bulk).
-[[nodiscard]] bool gemm_bulk_default();
-
-/// skinny: one-shot CTAs of 8 rows; bulk (compute capability 9.0): one CTA per SM streaming
-/// the weight through shared memory with cp.async.bulk (both m <= gemm_skinny_max_rows, SwiGLU
-/// input at m = 1).
-enum class gemm_path : uint8_t { automatic, cublaslt, skinny, bulk };
+enum class gemm_path : uint8_t { automatic, cublaslt, skinny };
 
 /// One cuBLASLt handle, its workspace and the per-shape plans; one per stream owner.
 class gemm_runner {
