@@ -3,8 +3,9 @@
 # TOML and trace window), beside the measured figures (docs/benchmarks.md, "Simulator vs
 # measured"). Needs the Azure traces: $DUET_TRACES (default ../shared/traces).
 #   scripts/resim-serve.sh [CALIBRATION.toml [DATA]]
-# DATA: docs/data/h200-serve (the default; 11-29 runs) or docs/data/h200-serve-2026-12-01b
-# (today's engine, with config/calibration-duet/h200-cuda-engine-2026-12-01.toml).
+# DATA: docs/data/h200-serve (the default; 11-29 runs), docs/data/h200-serve-2026-12-01b (the
+# 12-01 engine, with config/calibration-duet/h200-cuda-engine-2026-12-01.toml) or
+# docs/data/h200-serve-2026-12-02 (the wgmma prefill attention, with ...-2026-12-01c.toml).
 set -eu
 cd "$(dirname "$0")/.."
 CAL=${1:-config/calibration-duet/h200-cuda-engine.toml}
