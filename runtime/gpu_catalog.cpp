@@ -85,7 +85,8 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
                                  std::string_view expected_gpu) {
   static const std::set<std::string, std::less<>> keys = {
       "gpu", "measured", "source", "step_overhead_s", "decode_sequence_overhead_s",
-      "gemm", "attention", "memory", "split_bandwidth", "concurrent_decode_slowdown",
+      "gemm", "attention", "memory", "split_bandwidth", "split_kv_bandwidth",
+      "concurrent_decode_slowdown",
       "concurrent_prefill_slowdown", "concurrent_decode_delay_s", "concurrent_decode_tile_keys",
       "concurrent_prefill_yield", "concurrent_prefill_attention_yield", "shared_prefill_delay_s"};
   gpu_calibration cal;
@@ -95,6 +96,7 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
       fail(file, &v, k.str(),
            "unknown key (known: gpu, measured, source, step_overhead_s, "
            "decode_sequence_overhead_s, gemm, attention, memory, split_bandwidth, "
+           "split_kv_bandwidth, "
            "concurrent_decode_slowdown, concurrent_prefill_slowdown, concurrent_decode_delay_s, "
            "concurrent_decode_tile_keys, concurrent_prefill_yield, "
            "concurrent_prefill_attention_yield, shared_prefill_delay_s)");
@@ -137,10 +139,13 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
         fraction(file, *n, "concurrent_prefill_attention_yield");
   if (const auto* n = root.get("shared_prefill_delay_s"))
     cal.shared_prefill_delay_s = number(file, *n, "shared_prefill_delay_s", false);
-  if (const auto* n = root.get("split_bandwidth")) {
-    cal.split_bandwidth = curve(file, *n, "split_bandwidth");
-    for (const auto& [share, fraction] : cal.split_bandwidth.points) {
-      if (share > 1.0) fail(file, n, "split_bandwidth", "SM shares must be at most 1");
+  for (auto [key, slot] : {std::pair{"split_bandwidth", &cal.split_bandwidth},
+                           std::pair{"split_kv_bandwidth", &cal.split_kv_bandwidth}}) {
+    if (const auto* n = root.get(key)) {
+      *slot = curve(file, *n, key);
+      for (const auto& [share, fraction] : slot->points) {
+        if (share > 1.0) fail(file, n, key, "SM shares must be at most 1");
+      }
     }
   }
   return cal;

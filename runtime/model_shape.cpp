@@ -110,13 +110,20 @@ double cost_model::decode_seconds(uint32_t batch, uint64_t context_tokens_total)
   // (sqrt(share)); a calibration says how much an engine's own kernels reach.
   const double bw_default = std::min(1.0, std::sqrt(sm_share_) * 1.1);
   const double bw_share = sm_share_ >= 1.0 ? 1.0 : cal.split_bandwidth.at(sm_share_, bw_default);
-  const double bytes = double(shape_.weight_bytes()) + double(shape_.kv_bytes_per_token()) * context_tokens_total;
+  const double weights = double(shape_.weight_bytes());
+  const double kv = double(shape_.kv_bytes_per_token()) * context_tokens_total;
+  const double bytes = weights + kv;
   const double peak = gpu_.bf16_flops * sm_share_;
   const double compute =
       linear / (peak * cal.gemm.at(batch, gpu_.gemm_efficiency)) +
       attention / (peak * cal.attention.at(double(context_tokens_total) / batch, gpu_.gemm_efficiency));
+  const double rate = gpu_.memory_bandwidth * cal.memory.at(bytes, gpu_.bandwidth_efficiency);
+  // On a share the weight GEMVs and the KV reads of attention may reach different fractions of
+  // the bandwidth they reach on the whole GPU (split_kv_bandwidth; docs/sim.md, "Sharing a GPU").
+  const bool kv_own_share = sm_share_ < 1.0 && !cal.split_kv_bandwidth.empty();
   const double memory =
-      bytes / (gpu_.memory_bandwidth * cal.memory.at(bytes, gpu_.bandwidth_efficiency) * bw_share);
+      kv_own_share ? (weights / bw_share + kv / cal.split_kv_bandwidth.at(sm_share_, 1.0)) / rate
+                   : bytes / (rate * bw_share);
   return std::max(compute, memory) + cal.step_overhead_s.value_or(gpu_.step_overhead_s) +
          cal.decode_sequence_overhead_s.value_or(0.0) * batch;
 }

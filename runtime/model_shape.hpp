@@ -54,6 +54,9 @@ struct gpu_calibration {
   efficiency_curve memory;      // x: bytes read by the step; fraction of peak bandwidth
   efficiency_curve split_bandwidth;  // x: SM share (< 1); fraction of the whole GPU's bandwidth
                                      // an engine on that share reaches (default min(1, 1.1·√s))
+  efficiency_curve split_kv_bandwidth;  // x: SM share (< 1); the same for a decode step's KV
+                                        // reads (its attention kernels), relative to what they
+                                        // reach on the whole GPU; empty = split_bandwidth's
   std::optional<double> step_overhead_s;
   std::optional<double> decode_sequence_overhead_s;  // host work per sequence per decode step
   // Engines of one GPU on streams of their own (event_sim): a step starting while the other

@@ -332,6 +332,29 @@ TEST_CASE(
   const double overhead = h20.step_overhead_s + 8 * 20e-6;
   CHECK(half.decode_seconds(8, 8 * 1024) - overhead ==
         Approx((whole.decode_seconds(8, 8 * 1024) - overhead) / 0.6).epsilon(1e-9));
+  // With split_kv_bandwidth the KV reads of attention get a fraction of their own on the share
+  // (0.3 here) and the weights keep split_bandwidth's 0.6: by hand, 8 sequences of 1024 tokens
+  // on half an H20 read W weight bytes at 4 TB/s x 0.5 (memory) x 0.6 and 8 x 1024 x 128 KiB at
+  // 4 TB/s x 0.5 x 0.3. The old model read both at x 0.6. A whole GPU is unaffected.
+  std::ofstream(dir / "split_kv.toml") << "memory = [[1e6, 0.5]]\n"
+                                          "split_bandwidth = [[0.3, 0.38], [0.5, 0.6], [1.0, 1.0]]\n"
+                                          "split_kv_bandwidth = [[0.5, 0.3], [1.0, 1.0]]\n";
+  auto split_kv_gpu = h20;
+  split_kv_gpu.calibration = load_gpu_calibration(dir / "split_kv.toml");
+  const cost_model kv_half(shape, split_kv_gpu, 0.5), kv_whole(shape, split_kv_gpu, 1.0);
+  const double weight_bytes = double(shape.weight_bytes());
+  const double kv_bytes = 8.0 * 1024 * double(shape.kv_bytes_per_token());
+  CHECK(kv_bytes == 8.0 * 1024 * 131072);
+  CHECK(kv_half.decode_seconds(8, 8 * 1024) - h20.step_overhead_s ==
+        Approx(weight_bytes / (4.0e12 * 0.5 * 0.6) + kv_bytes / (4.0e12 * 0.5 * 0.3)).epsilon(1e-9));
+  CHECK(kv_half.decode_seconds(8, 8 * 1024) - h20.step_overhead_s >
+        1.05 * (weight_bytes + kv_bytes) / (4.0e12 * 0.5 * 0.6));
+  CHECK(kv_whole.decode_seconds(8, 8 * 1024) - h20.step_overhead_s ==
+        Approx((weight_bytes + kv_bytes) / (4.0e12 * 0.5)).epsilon(1e-9));
+  std::ofstream(dir / "kv_share_above_one.toml") << "split_kv_bandwidth = [[0.5, 0.3], [1.5, 1.0]]\n";
+  CHECK(contains(error_of<gpu_catalog_error>(
+                     [&] { (void)load_gpu_calibration(dir / "kv_share_above_one.toml"); }),
+                 "SM shares must be at most 1"));
   const cost_model default_half(shape, h20, 0.5), default_whole(shape, h20, 1.0);
   CHECK(default_half.decode_seconds(8, 8 * 1024) - h20.step_overhead_s ==
         Approx((default_whole.decode_seconds(8, 8 * 1024) - h20.step_overhead_s) / (1.1 * std::sqrt(0.5)))
