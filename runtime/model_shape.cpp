@@ -103,6 +103,13 @@ double cost_model::prefill_seconds(uint64_t chunk_tokens_total, double attention
 
 double cost_model::decode_seconds(uint32_t batch, uint64_t context_tokens_total) const {
   if (batch == 0) return 0.0;
+  const auto parts = decode_parts(batch, context_tokens_total);
+  return std::max(parts.compute_s(), parts.memory_s()) + parts.overhead_s;
+}
+
+cost_model::decode_parts_s cost_model::decode_parts(uint32_t batch, uint64_t context_tokens_total) const {
+  decode_parts_s parts;
+  if (batch == 0) return parts;
   const auto& cal = gpu_.calibration;
   const double linear = 2.0 * double(shape_.linear_params()) * batch;
   const double attention = 4.0 * shape_.layers * shape_.heads * shape_.head_dim * double(context_tokens_total);
@@ -112,20 +119,18 @@ double cost_model::decode_seconds(uint32_t batch, uint64_t context_tokens_total)
   const double bw_share = sm_share_ >= 1.0 ? 1.0 : cal.split_bandwidth.at(sm_share_, bw_default);
   const double weights = double(shape_.weight_bytes());
   const double kv = double(shape_.kv_bytes_per_token()) * context_tokens_total;
-  const double bytes = weights + kv;
   const double peak = gpu_.bf16_flops * sm_share_;
-  const double compute =
-      linear / (peak * cal.gemm.at(batch, gpu_.gemm_efficiency)) +
+  parts.linear_s = linear / (peak * cal.gemm.at(batch, gpu_.gemm_efficiency));
+  parts.attention_s =
       attention / (peak * cal.attention.at(double(context_tokens_total) / batch, gpu_.gemm_efficiency));
-  const double rate = gpu_.memory_bandwidth * cal.memory.at(bytes, gpu_.bandwidth_efficiency);
+  const double rate = gpu_.memory_bandwidth * cal.memory.at(weights + kv, gpu_.bandwidth_efficiency);
   // On a share the weight GEMVs and the KV reads of attention may reach different fractions of
   // the bandwidth they reach on the whole GPU (split_kv_bandwidth; docs/sim.md, "Sharing a GPU").
   const bool kv_own_share = sm_share_ < 1.0 && !cal.split_kv_bandwidth.empty();
-  const double memory =
-      kv_own_share ? (weights / bw_share + kv / cal.split_kv_bandwidth.at(sm_share_, 1.0)) / rate
-                   : bytes / (rate * bw_share);
-  return std::max(compute, memory) + cal.step_overhead_s.value_or(gpu_.step_overhead_s) +
-         cal.decode_sequence_overhead_s.value_or(0.0) * batch;
+  parts.weights_s = weights / (rate * bw_share);
+  parts.kv_s = kv / (rate * (kv_own_share ? cal.split_kv_bandwidth.at(sm_share_, 1.0) : bw_share));
+  parts.overhead_s = cal.step_overhead_s.value_or(gpu_.step_overhead_s) + cal.decode_sequence_overhead_s.value_or(0.0) * batch;
+  return parts;
 }
 
 }  // namespace duet

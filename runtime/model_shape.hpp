@@ -128,6 +128,19 @@ class cost_model {
   [[nodiscard]] double chunk_attention_flops(uint32_t tokens, uint32_t prior) const;
   /// One decode step for `batch` sequences holding `context_tokens_total` tokens in all.
   [[nodiscard]] double decode_seconds(uint32_t batch, uint64_t context_tokens_total) const;
+  /// The terms of decode_seconds: compute (linear layers, attention) and memory (weights, KV)
+  /// seconds; decode_seconds = max(compute, memory) + overhead.
+  struct decode_parts_s {
+    double linear_s = 0, attention_s = 0, weights_s = 0, kv_s = 0, overhead_s = 0;
+    [[nodiscard]] double compute_s() const { return linear_s + attention_s; }
+    [[nodiscard]] double memory_s() const { return weights_s + kv_s; }
+    /// The attention's share of the bound the roofline picks (KV reads when memory-bound).
+    [[nodiscard]] double attention_share() const {
+      if (memory_s() >= compute_s()) return memory_s() > 0 ? kv_s / memory_s() : 0.0;
+      return attention_s / compute_s();
+    }
+  };
+  [[nodiscard]] decode_parts_s decode_parts(uint32_t batch, uint64_t context_tokens_total) const;
 
   [[nodiscard]] const model_shape& shape() const { return shape_; }
   [[nodiscard]] const gpu_spec& gpu() const { return gpu_; }

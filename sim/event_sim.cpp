@@ -943,7 +943,7 @@ class event_sim {
 
   /// The fraction of a decode step's work that a prefill step beside it loses:
   /// concurrent_prefill_yield, or, with concurrent_prefill_attention_yield set, the two
-  /// weighted by the step's attention share a (decode_attention_share): the attention
+  /// weighted by the step's attention share a (cost_model::decode_parts): the attention
   /// kernels (KV reads) take that key's fraction of the SMs from prefill, the rest of the
   /// step (the weight GEMMs, norms, sampling) concurrent_prefill_yield. A recompute chunk
   /// (a prefill call of the decode worker) takes concurrent_prefill_yield.
@@ -951,30 +951,9 @@ class event_sim {
     const auto& cal = specs_[gpu].calibration;
     const double rest = cal.concurrent_prefill_yield.value_or(0.0);
     if (!cal.concurrent_prefill_attention_yield || u.engine->last_prefill().tokens > 0) return rest;
-    const double a = decode_attention_share(u.engine->last_decode(), gpu);
+    const decode_shape& step = u.engine->last_decode();
+    const double a = costs_[gpu].decode_parts(step.batch, step.context).attention_share();
     return rest + (*cal.concurrent_prefill_attention_yield - rest) * a;
-  }
-
-  /// The share of a decode step's modelled GPU time that its attention takes: of the bound
-  /// the roofline picks, the KV bytes over all bytes read (memory-bound) or the attention
-  /// FLOP time over all FLOP time (compute-bound), as cost_model::decode_seconds prices them.
-  [[nodiscard]] double decode_attention_share(const decode_shape& step, uint32_t gpu) const {
-    if (step.batch == 0 || step.context == 0) return 0.0;
-    const auto& costs = costs_[gpu];
-    const auto& m = costs.shape();
-    const auto& spec = costs.gpu();
-    const auto& cal = spec.calibration;
-    const double b = step.batch, c = double(step.context);
-    const double kv_bytes = double(m.kv_bytes_per_token()) * c;
-    const double bytes = double(m.weight_bytes()) + kv_bytes;
-    const double memory_s =
-        bytes / (spec.memory_bandwidth * cal.memory.at(bytes, spec.bandwidth_efficiency));
-    const double gemm_s = 2.0 * double(m.linear_params()) * b /
-                          (spec.bf16_flops * cal.gemm.at(b, spec.gemm_efficiency));
-    const double attention_s = 4.0 * m.layers * m.heads * m.head_dim * c /
-                               (spec.bf16_flops * cal.attention.at(c / b, spec.gemm_efficiency));
-    if (memory_s >= gemm_s + attention_s) return kv_bytes / bytes;
-    return attention_s / (gemm_s + attention_s);
   }
 
   // A shared CUDA stream (step_policy::stream), as two cuda engines of one process use it
