@@ -679,14 +679,25 @@ TEST_CASE(
   CHECK(yielded.itl_s.p50 == Approx(slowed.itl_s.p50).epsilon(0.1));  // decode is not slowed more
 }
 
+namespace {
+
+/// The default deployment with its prefill and decode workers on one H200, each on its own
+/// stream (the default).
+deployment_config one_h200_own_streams() {
+  auto config = default_config();
+  config.engine.gpu = "h200";
+  config.nodes.resize(1);
+  for (auto& a : config.nodes[0].actors) a.device = 0;
+  return config;
+}
+
+}  // namespace
+
 TEST_CASE(
     "on streams of their own, a decode step beside a prefill chunk waits longer the more of the "
     "chunk's time goes to long attention blocks: a prompt's second chunk holds decode back 1.7 "
     "times as long as its first") {
-  auto config = default_config();
-  config.engine.gpu = "h200";
-  config.nodes.resize(1);
-  for (auto& a : config.nodes[0].actors) a.device = 0;  // prefill and decode on one GPU
+  const auto config = one_h200_own_streams();
   const auto d = deployment_from_config(config);
   REQUIRE(d.gpus.size() == 1);
   for (const auto& w : d.workers) REQUIRE(w.own_stream);
@@ -770,10 +781,7 @@ TEST_CASE(
     "on streams of their own, a prefill step loses concurrent_prefill_attention_yield of the "
     "attention share of each decode step that starts during it, concurrent_prefill_yield of the "
     "rest") {
-  auto config = default_config();
-  config.engine.gpu = "h200";
-  config.nodes.resize(1);
-  for (auto& a : config.nodes[0].actors) a.device = 0;  // prefill and decode on one GPU
+  const auto config = one_h200_own_streams();
   const auto d = deployment_from_config(config);
   REQUIRE(d.gpus.size() == 1);
   for (const auto& w : d.workers) REQUIRE(w.own_stream);
