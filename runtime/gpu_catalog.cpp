@@ -93,13 +93,9 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
   cal.source = file.string();
   for (const auto& [k, v] : root) {
     if (!keys.contains(k.str())) {
-      fail(file, &v, k.str(),
-           "unknown key (known: gpu, measured, source, step_overhead_s, "
-           "decode_sequence_overhead_s, gemm, attention, memory, split_bandwidth, "
-           "split_kv_bandwidth, "
-           "concurrent_decode_slowdown, concurrent_prefill_slowdown, concurrent_decode_delay_s, "
-           "concurrent_decode_tile_keys, concurrent_prefill_yield, "
-           "concurrent_prefill_attention_yield, shared_prefill_delay_s)");
+      std::string known;
+      for (const auto& key : keys) known += (known.empty() ? "" : ", ") + key;
+      fail(file, &v, k.str(), "unknown key (known: " + known + ")");
     }
   }
   if (const auto* gpu = root.get("gpu")) {
