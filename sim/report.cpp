@@ -1020,7 +1020,7 @@ nlohmann::json report_summary_json(std::span<const report_run> runs,
 
 void write_requests_csv(std::ostream& out, std::span<const report_run> runs) {
   out << "run,id,arrival_s,first_token_s,finish_s,ttft_s,tpot_s,e2e_s,prompt_tokens,"
-         "output_tokens,itl_count,itl_mean_s,itl_max_s,outcome,meets_slo\n";
+         "output_tokens,itl_count,itl_mean_s,itl_max_s,outcome,meets_slo,itl_us\n";
   for (const auto& run : runs) {
     const std::string name = csv_field(run.name);
     for (const auto& r : run.records) {
@@ -1042,7 +1042,12 @@ void write_requests_csv(std::ostream& out, std::span<const report_run> runs) {
       } else {
         out << ',';
       }
-      out << ',' << csv_field(r.outcome) << ',' << (meets_slo(r, run.summary.slo) ? 1 : 0) << '\n';
+      out << ',' << csv_field(r.outcome) << ',' << (meets_slo(r, run.summary.slo) ? 1 : 0) << ',';
+      // Every gap, so a distribution can be studied beyond the summary's percentiles.
+      for (std::size_t i = 0; i < r.itl_s.size(); ++i) {
+        out << (i ? " " : "") << std::llround(r.itl_s[i] * 1e6);
+      }
+      out << '\n';
     }
   }
 }

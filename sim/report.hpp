@@ -75,7 +75,8 @@ struct report_files {
 
 /// Header, then one row per record of every run: run,id,arrival_s,first_token_s,finish_s,
 /// ttft_s,tpot_s,e2e_s,prompt_tokens,output_tokens,itl_count,itl_mean_s,itl_max_s,outcome,
-/// meets_slo. Missing values are empty cells; numbers are written to round-trip exactly.
+/// meets_slo,itl_us. Missing values are empty cells; numbers are written to round-trip exactly,
+/// except itl_us: every inter-token gap in order, in whole microseconds, separated by spaces.
 void write_requests_csv(std::ostream& out, std::span<const report_run> runs);
 
 /// The titles of the plots report.html holds for these runs, in page order.

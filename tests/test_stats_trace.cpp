@@ -767,8 +767,10 @@ TEST_CASE("the report writer writes parseable JSON, one CSV row per request and 
   const std::string csv = read_all(files.requests_csv);
   CHECK(count_of(csv, "\n") == 1 + 2 * records.size());
   CHECK(csv.starts_with("run,id,arrival_s,first_token_s,finish_s,ttft_s,tpot_s,e2e_s,"));
-  CHECK(contains(csv, "\ncolocated,1,0,0.125,1.25,0.125,0.125,1.25,100,10,9,0.125,0.125,ok,1\n"));
-  CHECK(contains(csv, "\ncolocated,4,3,,4,,,1,400,0,0,,,timeout,0\n"));
+  const std::string gaps = "125000 125000 125000 125000 125000 125000 125000 125000 125000";
+  CHECK(contains(csv, "\ncolocated,1,0,0.125,1.25,0.125,0.125,1.25,100,10,9,0.125,0.125,ok,1," + gaps + "\n"));
+  CHECK(contains(csv, "\ncolocated,2,1,1.5,2.5,0.5,0.25,1.5,200,5,4,0.25,0.25,ok,0,250000 250000 250000 250000\n"));
+  CHECK(contains(csv, "\ncolocated,4,3,,4,,,1,400,0,0,,,timeout,0,\n"));
   CHECK(contains(csv, "\"1P1D, <fast> & \"\"new\"\"\",2,"));
 
   const std::string html = read_all(files.report_html);

@@ -144,6 +144,13 @@ def check_all_completed(d, summary, requests, run="live"):
         assert r["outcome"] == "ok", r
         assert int(r["output_tokens"]) == d["rows"][i][2], (r, d["rows"][i])
         assert int(r["prompt_tokens"]) == d["rows"][i][1], (r, d["rows"][i])
+        # itl_us: the request's every gap, in whole microseconds; its count, mean and max are
+        # the row's own (to the rounding).
+        gaps = [int(g) for g in r["itl_us"].split()]
+        assert len(gaps) == int(r["itl_count"]), r
+        if gaps:
+            assert abs(sum(gaps) / len(gaps) - 1e6 * float(r["itl_mean_s"])) <= 1, r
+            assert abs(max(gaps) - 1e6 * float(r["itl_max_s"])) <= 1, r
 
 
 def check_gaps(counts, rows, exact):
