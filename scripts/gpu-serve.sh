@@ -550,6 +550,9 @@ if has matrix; then
     fi
     up_stop "$1" 0
     tar -czf "$OUT/matrix.tar.gz.tmp" -C "$RUNS" --exclude='report.html' . && mv "$OUT/matrix.tar.gz.tmp" "$OUT/matrix.tar.gz"
+    if [ "$(stat -c %s "$OUT/matrix.tar.gz")" -gt 15000000 ]; then  # $OUT brings back 16 MiB a file
+      tar -czf "$OUT/matrix.tar.gz" -C "$RUNS" --exclude='report.html' --exclude='*.up.log' --exclude='requests.csv' .
+    fi
   done
   CAL=$CAL_SAVED
 fi
