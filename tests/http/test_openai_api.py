@@ -123,20 +123,25 @@ class Server:
         self.log.close()
 
 
+def one_node_server(tmp, name, **head):
+    """`duet up` of one node named `name` holding every actor, HTTP on a free port, started
+    (the caller waits with `wait_healthy` and ends it with `stop`); `head` goes to head_toml."""
+    port = free_port()
+    config = tmp / f"{name}.toml"
+    config.write_text(head_toml(**head) + f"""
+[[nodes]]
+name = "{name}"
+endpoint = "inproc://duet-http-{name}-{port}"
+http = "127.0.0.1:{port}"
+""" + actors_toml())
+    return Server(["up", "--config", str(config), "--api-key", API_KEY], port, tmp / "duet.log")
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     if not os.path.exists(DUET_BIN):
         pytest.fail(f"no duet binary at {DUET_BIN} (set DUET_BIN)")
-    tmp = tmp_path_factory.mktemp("duet-http")
-    port = free_port()
-    config = tmp / "http-test.toml"
-    config.write_text(head_toml() + f"""
-[[nodes]]
-name = "local"
-endpoint = "inproc://duet-http-test-{port}"
-http = "127.0.0.1:{port}"
-""" + actors_toml())
-    s = Server(["up", "--config", str(config), "--api-key", API_KEY], port, tmp / "duet.log")
+    s = one_node_server(tmp_path_factory.mktemp("duet-http"), "local")
     try:
         s.wait_healthy()
         yield s
@@ -282,16 +287,8 @@ def test_a_token_whose_text_is_held_back_still_goes_out_as_an_empty_event(tmp_pa
     from the prompt's last id and length, sim_engine::next_token; found by search): its text waits
     for the next token, but an event with empty text goes out when it comes, so a client's first
     chunk is the first token's (not one decode step later, or a whole decode queue at high load)."""
-    port = free_port()
-    config = tmp_path / "slow-decode.toml"
     # Decode steps of ~100 ms: the first and second tokens never share a bridge round.
-    config.write_text(head_toml(time_scale=20.0) + f"""
-[[nodes]]
-name = "slow"
-endpoint = "inproc://duet-http-slow-{port}"
-http = "127.0.0.1:{port}"
-""" + actors_toml())
-    s = Server(["up", "--config", str(config), "--api-key", API_KEY], port, tmp_path / "duet.log")
+    s = one_node_server(tmp_path, "slow", time_scale=20.0)
     try:
         s.wait_healthy()
         c = openai.OpenAI(base_url=s.base + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
