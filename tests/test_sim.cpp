@@ -691,6 +691,22 @@ deployment_config one_h200_own_streams() {
   return config;
 }
 
+/// Its simulated deployment: one GPU, both workers on streams of their own.
+sim_deployment own_streams_deployment(const deployment_config& config) {
+  auto d = deployment_from_config(config);
+  REQUIRE(d.gpus.size() == 1);
+  for (const auto& w : d.workers) REQUIRE(w.own_stream);
+  return d;
+}
+
+/// Flat GEMM and attention efficiencies, so a reference is a few lines of arithmetic.
+gpu_calibration flat_calibration() {
+  gpu_calibration cal;
+  cal.gemm.points = {{1, 0.5}};
+  cal.attention.points = {{1, 0.25}};
+  return cal;
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -698,13 +714,8 @@ TEST_CASE(
     "chunk's time goes to long attention blocks: a prompt's second chunk holds decode back 1.7 "
     "times as long as its first") {
   const auto config = one_h200_own_streams();
-  const auto d = deployment_from_config(config);
-  REQUIRE(d.gpus.size() == 1);
-  for (const auto& w : d.workers) REQUIRE(w.own_stream);
-  // Flat efficiencies, so the reference below is a few lines of arithmetic.
-  gpu_calibration cal;
-  cal.gemm.points = {{1, 0.5}};
-  cal.attention.points = {{1, 0.25}};
+  const auto d = own_streams_deployment(config);
+  auto cal = flat_calibration();
   const double delay = 0.010, tile_keys = 1000;
   cal.concurrent_decode_delay_s = delay;
   cal.concurrent_decode_tile_keys = tile_keys;
@@ -782,13 +793,9 @@ TEST_CASE(
     "attention share of each decode step that starts during it, concurrent_prefill_yield of the "
     "rest") {
   const auto config = one_h200_own_streams();
-  const auto d = deployment_from_config(config);
-  REQUIRE(d.gpus.size() == 1);
-  for (const auto& w : d.workers) REQUIRE(w.own_stream);
+  const auto d = own_streams_deployment(config);
   // Flat efficiencies, no decode delay: a prefill step is pushed back by the yields alone.
-  gpu_calibration cal;
-  cal.gemm.points = {{1, 0.5}};
-  cal.attention.points = {{1, 0.25}};
+  auto cal = flat_calibration();
   cal.memory.points = {{1, 0.8}};
   const double rest = 0.5, attention = 1.0;
   cal.concurrent_prefill_yield = rest;
