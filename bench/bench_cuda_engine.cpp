@@ -8,7 +8,11 @@
 //   bench_cuda_engine MODEL_DIR OUT.json [--bandwidth TBps] [--decode-only] [--prefill-only]
 //                     [--kernels-only] [--quick]
 // (--prefill-only: the GEMM rates and the prefill rows, 256 to 32K tokens, for a calibration;
-// --kernels-only: the kernel rates alone, for which MODEL_DIR needs only config.json)
+// --kernels-only: the kernel rates alone, for which MODEL_DIR needs only config.json;
+// --profile-prefill TOKENS / --profile-decode BATCH: one warm step, then one step of that shape
+// between cudaProfilerStart and Stop, nothing else: for `ncu --profile-from-start off`, which
+// then times every kernel of the step)
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -26,6 +30,9 @@
 #include "kernels/bf16_host.hpp"
 #include "kernels/gemm.cuh"
 #include "kernels/kv_layout.hpp"
+#include "kernels/rmsnorm.cuh"
+#include "kernels/rope.cuh"
+#include "kernels/silu_mul.cuh"
 #include "runtime/cuda_engine.hpp"
 
 using namespace duet;
@@ -97,6 +104,53 @@ double time_device(F&& fn, int warm = 2, int reps = 10) {
   return median(t);
 }
 
+/// One step of one shape under the profiler (see --profile-prefill): a prefill of `tokens` tokens,
+/// or a decode step of `batch` sequences of 1,024 tokens of context (graphs on, as served).
+int profile_one_step(const std::filesystem::path& dir, int tokens, int batch) {
+  cuda_engine_params params;
+  params.served_name = "profile";
+  params.max_batch = std::max(1, batch);
+  params.prefill_tokens = 8192;
+  params.block_tokens = 16;
+  params.max_context = 32768 + 64;
+  params.kv_blocks = static_cast<uint32_t>(std::max(tokens, 1025 * std::max(1, batch)) / 16 + 130);
+  cuda_engine engine(dir, params);
+  std::mt19937 rng(7);
+  auto step = [&] {
+    if (tokens > 0) {
+      std::vector<int32_t> toks(tokens);
+      for (auto& t : toks) t = static_cast<int32_t>(rng() % 128000);
+      std::vector<uint32_t> blocks((tokens + 15) / 16);
+      std::iota(blocks.begin(), blocks.end(), 0u);
+      std::vector<prefill_chunk> chunk{{1, toks, 0, blocks, true, nullptr}};
+      (void)engine.prefill(chunk);
+      return;
+    }
+    const uint32_t per_seq = (1024 + 1 + 15) / 16;
+    static std::vector<std::vector<int32_t>> hist;
+    static std::vector<std::vector<uint32_t>> blocks;
+    hist.assign(batch, std::vector<int32_t>(1024, 1));
+    blocks.assign(batch, std::vector<uint32_t>(per_seq));
+    std::vector<decode_slot> slots;
+    for (int b = 0; b < batch; ++b) {
+      std::iota(blocks[b].begin(), blocks[b].end(), static_cast<uint32_t>(b) * per_seq);
+      slots.push_back({static_cast<uint64_t>(b), hist[b], blocks[b], nullptr});
+    }
+    (void)engine.decode(slots);
+  };
+  step();
+  step();  // the first decode step of a bucket runs eagerly, the second captures its graph
+  cuda_ok(cudaDeviceSynchronize(), "warm-up");
+  cuda_ok(cudaProfilerStart(), "cudaProfilerStart");
+  const double a = now_ms();
+  step();
+  cuda_ok(cudaDeviceSynchronize(), "profiled step");
+  const double ms = now_ms() - a;
+  cuda_ok(cudaProfilerStop(), "cudaProfilerStop");
+  std::printf("profiled %s step: %.3f ms wall (under the profiler)\n", tokens ? "prefill" : "decode", ms);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -110,6 +164,7 @@ int main(int argc, char** argv) {
   const std::string out_file = argv[2];
   double bandwidth = 4.28e12;
   bool decode_only = false, prefill_only = false, kernels_only = false, quick = false;
+  int profile_prefill = 0, profile_decode = 0;
   for (int i = 3; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--bandwidth") && i + 1 < argc)
       bandwidth = std::atof(argv[++i]) * 1e12;
@@ -117,7 +172,10 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     if (!std::strcmp(argv[i], "--prefill-only")) prefill_only = true;
     if (!std::strcmp(argv[i], "--kernels-only")) kernels_only = true;
+    if (!std::strcmp(argv[i], "--profile-prefill") && i + 1 < argc) profile_prefill = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--profile-decode") && i + 1 < argc) profile_decode = std::atoi(argv[++i]);
   }
+  if (profile_prefill || profile_decode) return profile_one_step(argv[1], profile_prefill, profile_decode);
   try {
     json report;
     const transformer_config c = load_hf_config(dir);
@@ -304,6 +362,60 @@ int main(int argc, char** argv) {
               "decode attention B=%u ctx 8K (one layer, %u splits), variant %u: %.1f us, %.2f "
               "TB/s\n",
               b, splits, variant, dms * 1e3, bytes / dms / 1e9);
+        }
+      }
+    }
+    // The kernels between the GEMMs, at a prefill pass (8,192 rows) and a batch-1 decode step:
+    // time per layer and bandwidth over the bytes each must move (reads + writes), over buffers
+    // larger than L2 together.
+    {
+      const uint32_t bt = 16, kvh = c.num_key_value_heads, hd = c.head_dim;
+      for (const uint32_t rows : {8192u, 1u}) {
+        const std::string at = "_M" + std::to_string(rows);
+        dmem x(uint64_t{rows} * H * 2), delta(uint64_t{rows} * H * 2), h(uint64_t{rows} * H * 2, false),
+            norm_w(H * 2);
+        k::rmsnorm_params rn{x.as<uint16_t>(), delta.as<uint16_t>(), norm_w.as<uint16_t>(),
+                             h.as<uint16_t>(), rows, static_cast<uint32_t>(H), 1e-5f};
+        const double rn_ms = time_device([&] { k_ok(k::add_rmsnorm(rn, nullptr)); });
+        const double rn_bytes = 4.0 * rows * H * 2;
+        dmem gu(uint64_t{rows} * 2 * F * 2), act(uint64_t{rows} * F * 2, false);
+        const k::silu_mul_params sm{gu.as<uint16_t>(), act.as<uint16_t>(), rows, static_cast<uint32_t>(F)};
+        const double sm_ms = time_device([&] { k_ok(k::silu_mul(sm, nullptr)); });
+        const double sm_bytes = 3.0 * rows * F * 2;
+        const uint32_t qkv_dim = static_cast<uint32_t>(Q + 2 * KV), positions = 32768;
+        dmem qkv(uint64_t{rows} * qkv_dim * 2), cos(uint64_t{positions} * hd / 2 * 4), sin(uint64_t{positions} * hd / 2 * 4);
+        const uint32_t blocks = (rows + bt - 1) / bt;
+        k::kv_pool_view kv{nullptr, k::kv_block_elems(1, kvh, hd, bt), 1, kvh, hd, bt, blocks};
+        dmem pool(kv.block_elems * 2 * blocks, false);
+        kv.pool = pool.as<uint16_t>();
+        std::vector<int32_t> pos(rows);
+        std::iota(pos.begin(), pos.end(), 0);
+        dmem dpos(uint64_t{rows} * 4, false);
+        cuda_ok(cudaMemcpy(dpos.p, pos.data(), uint64_t{rows} * 4, cudaMemcpyHostToDevice), "positions");
+        k::rope_params rp;
+        rp.x = qkv.as<uint16_t>();
+        rp.row_stride = qkv_dim;
+        rp.positions = dpos.as<int32_t>();
+        rp.cos = cos.as<float>();
+        rp.sin = sin.as<float>();
+        rp.rows = rows;
+        rp.q_heads = c.num_attention_heads;
+        rp.k_heads = kvh;
+        rp.head_dim = hd;
+        rp.max_positions = positions;
+        rp.slots = dpos.as<int32_t>();  // slot = position: the rows fill the pool in order
+        rp.kv = kv;
+        const double rope_ms = time_device([&] { k_ok(k::rope_apply(rp, nullptr)); });
+        const double rope_bytes = double(rows) * ((Q + KV) * 2 * 2 + 2 * KV * 2);  // q, k in and out; K, V stored
+        const struct {
+          const char* name;
+          double ms, bytes;
+        } rates[] = {{"add_rmsnorm", rn_ms, rn_bytes}, {"silu_mul", sm_ms, sm_bytes}, {"rope_kv_append", rope_ms, rope_bytes}};
+        for (const auto& r : rates) {
+          kr[std::string(r.name) + at + "_us"] = r.ms * 1e3;
+          kr[std::string(r.name) + at + "_TBps"] = r.bytes / r.ms / 1e9;
+          std::printf("%-15s M=%-5u %9.1f us %6.2f TB/s (floor %.1f us)\n", r.name, rows, r.ms * 1e3,
+                      r.bytes / r.ms / 1e9, r.bytes / bandwidth * 1e6);
         }
       }
     }
