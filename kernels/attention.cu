@@ -747,20 +747,31 @@ __global__ void __launch_bounds__(dc_threads) decode_kernel(decode_attention_par
 
 // Variant 0 (default): each warp streams 16-key tiles (one page at block_tokens 16) through two
 // shared-memory stages, so the next tile loads while this one is computed; each half-warp copies
-// whole rows, and every lane resolves its rows' pages one tile ahead. Variant 1 (decode_kernel
-// above) is the first, single-buffered version.
+// whole rows. Where a page holds whole tiles (block_tokens a multiple of 16: `page_tiles`), a tile
+// is one contiguous 4 KiB run of K and one of V: one page-table read per tile, and every lane's
+// eight rows sit at fixed offsets from one address (ncu at batch 256: resolving a page and a
+// slot per row by division was most of the 1,160 instructions a warp issued per tile, and kept
+// the kernel issue-bound at 68 % of DRAM bandwidth). Otherwise each lane resolves its rows' pages
+// one tile ahead. The first tile is requested before the wait for the kernel before (PDL): the
+// lengths and page tables were uploaded before the step, and every key but the newest, which
+// the RoPE kernel just before appends, was written by earlier steps. Probabilities are taken
+// against a running maximum that moves only when a row's grows by more than 2^8
+// (softmax_update_lazy): O is rescaled a few times per sequence instead of once per tile.
+// Variant 1 (decode_kernel above) is the first, single-buffered version.
 constexpr int dc2_keys = 16;
 constexpr int dc2_smem =
     dc_warps * 2 * 2 * dc2_keys * head_dim * 2;  // warps x stages x (K, V): 64 KiB
 
-__global__ void __launch_bounds__(dc_threads) decode_kernel_v2(decode_attention_params p) {
-  dev::pdl_wait();
-  dev::pdl_launch_dependents();
+template <bool page_tiles>
+__global__ void __launch_bounds__(dc_threads, decode_attention_ctas_per_sm)
+    decode_kernel_v2(decode_attention_params p) {
   extern __shared__ __align__(128) uint16_t smem[];
   const int b = blockIdx.z, kv_head = blockIdx.y, split = blockIdx.x;
   const int group = p.heads / p.kv_heads;
   const int len = p.seq_lens[b];
   if (len <= 0) {
+    dev::pdl_wait();
+    dev::pdl_launch_dependents();
     if (split == 0) {
       for (int i = threadIdx.x; i < group * head_dim; i += blockDim.x) {
         p.out[static_cast<uint64_t>(b) * p.out_stride + (kv_head * group) * head_dim + i] = 0;
@@ -777,6 +788,73 @@ __global__ void __launch_bounds__(dc_threads) decode_kernel_v2(decode_attention_
   const float scale_log2 = p.scale * log2e;
   const int bt = static_cast<int>(p.kv.block_tokens);
 
+  constexpr int tile = dc2_keys * head_dim;
+  constexpr int rows_per_lane = dc2_keys * 16 / 32;  // 16-byte chunks of the tile per lane: 8
+  uint16_t* wbuf = smem + warp * 4 * tile;  // stage s: K at wbuf + 2 s tile, V right after
+  // Lane l copies chunk l % 16 of rows l / 16, l / 16 + 2, ...: the 16 lanes of a half-warp copy
+  // one whole 256-byte row, so each request covers whole 32-byte sectors (half a row per lane
+  // asked for every sector twice, and ncu showed L2 at 83 % with DRAM at 42 %).
+  const int crow = lane >> 4, cchunk = lane & 15;
+  const uint64_t v_delta = uint64_t{p.kv.kv_heads} * p.kv.block_tokens * head_dim;  // K -> V
+  // The pages of the next tile: one per tile (page_tiles), else one per row of this lane.
+  int32_t blk[page_tiles ? 1 : rows_per_lane];
+  auto pages_of = [&](int key0) {
+    if constexpr (page_tiles) {
+      blk[0] = key0 < k_end ? table[key0 / bt] : 0;
+    } else {
+#pragma unroll
+      for (int it = 0; it < rows_per_lane; ++it) {
+        const int key = key0 + crow + 2 * it;
+        blk[it] = key < k_end ? table[key / bt] : 0;
+      }
+    }
+  };
+  auto load_tile = [&](int stage, int key0) {
+    uint16_t* st = wbuf + stage * 2 * tile;
+    if constexpr (page_tiles) {
+      const uint16_t* src = p.kv.pool + static_cast<uint64_t>(blk[0]) * p.kv.block_elems +
+                            p.kv.offset(p.layer, 0, kv_head, static_cast<uint32_t>(key0 % bt)) +
+                            crow * head_dim + cchunk * 8;
+#pragma unroll
+      for (int it = 0; it < rows_per_lane; ++it) {
+        const int r = crow + 2 * it;
+        const bool valid = key0 + r < k_end;
+        const uint16_t* row = valid ? src + 2 * it * head_dim : p.kv.pool;
+        dev::cp_async16(st + dev::swz(r, cchunk), row, valid);
+        dev::cp_async16(st + tile + dev::swz(r, cchunk), valid ? row + v_delta : row, valid);
+      }
+    } else {
+#pragma unroll
+      for (int it = 0; it < rows_per_lane; ++it) {
+        const int r = crow + 2 * it, key = key0 + r;
+        const bool valid = key < k_end;
+        const uint16_t* src =
+            valid
+                ? p.kv.pool + static_cast<uint64_t>(blk[it]) * p.kv.block_elems +
+                      p.kv.offset(p.layer, 0, kv_head, static_cast<uint32_t>(key % bt)) + cchunk * 8
+                : p.kv.pool;
+        dev::cp_async16(st + dev::swz(r, cchunk), src, valid);
+        dev::cp_async16(st + tile + dev::swz(r, cchunk), valid ? src + v_delta : src, valid);
+      }
+    }
+  };
+  constexpr int step = dc_warps * dc2_keys;
+  int key0 = k_begin + warp * dc2_keys;
+  // A first tile without the newest key (len - 1) streams in while the kernel before finishes.
+  const bool early = key0 < k_end && key0 + dc2_keys <= len - 1;
+  if (key0 < k_end) pages_of(key0);
+  if (early) {
+    load_tile(0, key0);
+    dev::cp_async_commit();
+  }
+  dev::pdl_wait();
+  dev::pdl_launch_dependents();
+  if (key0 < k_end && !early) {
+    load_tile(0, key0);
+    dev::cp_async_commit();
+  }
+  pages_of(key0 + step);
+
   uint32_t qf[8][4];
   const uint16_t* qrow = p.q + static_cast<uint64_t>(b) * p.q_stride +
                          static_cast<uint64_t>(kv_head) * group * head_dim;
@@ -789,45 +867,6 @@ __global__ void __launch_bounds__(dc_threads) decode_kernel_v2(decode_attention_
           row < group ? *reinterpret_cast<const uint32_t*>(qrow + row * head_dim + col) : 0u;
     }
   }
-
-  constexpr int tile = dc2_keys * head_dim;
-  constexpr int rows_per_lane = dc2_keys * 16 / 32;  // 16-byte chunks of the tile per lane: 8
-  uint16_t* wbuf = smem + warp * 4 * tile;  // stage s: K at wbuf + 2 s tile, V right after
-  // Lane l copies chunk l % 16 of rows l / 16, l / 16 + 2, ...: the 16 lanes of a half-warp copy
-  // one whole 256-byte row, so each request covers whole 32-byte sectors (half a row per lane
-  // asked for every sector twice, and ncu showed L2 at 83 % with DRAM at 42 %).
-  const int crow = lane >> 4, cchunk = lane & 15;
-  const uint64_t v_delta = uint64_t{p.kv.kv_heads} * p.kv.block_tokens * head_dim;  // K -> V
-  int32_t blk[rows_per_lane];  // the pages of this lane's rows of the next tile
-  auto pages_of = [&](int key0) {
-#pragma unroll
-    for (int it = 0; it < rows_per_lane; ++it) {
-      const int key = key0 + crow + 2 * it;
-      blk[it] = key < k_end ? table[key / bt] : 0;
-    }
-  };
-  auto load_tile = [&](int stage, int key0) {
-    uint16_t* st = wbuf + stage * 2 * tile;
-#pragma unroll
-    for (int it = 0; it < rows_per_lane; ++it) {
-      const int r = crow + 2 * it, key = key0 + r;
-      const bool valid = key < k_end;
-      const uint16_t* src =
-          valid ? p.kv.pool + static_cast<uint64_t>(blk[it]) * p.kv.block_elems +
-                      p.kv.offset(p.layer, 0, kv_head, static_cast<uint32_t>(key % bt)) + cchunk * 8
-                : p.kv.pool;
-      dev::cp_async16(st + dev::swz(r, cchunk), src, valid);
-      dev::cp_async16(st + tile + dev::swz(r, cchunk), valid ? src + v_delta : src, valid);
-    }
-  };
-  constexpr int step = dc_warps * dc2_keys;
-  int key0 = k_begin + warp * dc2_keys;
-  if (key0 < k_end) {
-    pages_of(key0);
-    load_tile(0, key0);
-    dev::cp_async_commit();
-  }
-  pages_of(key0 + step);
 
   float o[16][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -853,7 +892,7 @@ __global__ void __launch_bounds__(dc_threads) decode_kernel_v2(decode_attention_
         }
       }
     }
-    softmax_update<2>(s, m, l, o, scale_log2);
+    tile::softmax_update_lazy<2>(s, m, l, o, scale_log2);
     pv_tile<2>(o, s, k_w + tile, lane);
     __syncwarp();  // this stage is refilled next iteration
   }
@@ -939,9 +978,12 @@ kstatus decode_attention(const decode_attention_params& p, cudaStream_t stream) 
         cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dc_smem));
     DUET_KCHECK(launch(decode_kernel, grid, dim3(dc_threads), dc_smem, stream, p));
   } else {
-    DUET_KCHECK(cudaFuncSetAttribute(decode_kernel_v2, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     dc2_smem));
-    DUET_KCHECK(launch(decode_kernel_v2, grid, dim3(dc_threads), dc2_smem, stream, p));
+    // Pages of whole 16-key tiles: one page lookup per tile.
+    auto* kernel =
+        p.kv.block_tokens % dc2_keys == 0 ? decode_kernel_v2<true> : decode_kernel_v2<false>;
+    DUET_KCHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dc2_smem));
+    DUET_KCHECK(launch(kernel, grid, dim3(dc_threads), dc2_smem, stream, p));
   }
   return {};
 }

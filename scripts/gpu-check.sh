@@ -51,7 +51,7 @@ if has build; then
 fi
 
 writer=""
-if has e2e && [ ! -f "$CKPT/config.json" ]; then
+if { has e2e || has bench; } && [ ! -f "$CKPT/config.json" ]; then
   # The 16 GB checkpoint is written on the CPUs while the GPU tests run.
   ( "$BUILD/tests/cuda_e2e" write "$CKPT" > "$BUILD/ckpt.log" 2>&1 ) &
   writer=$!

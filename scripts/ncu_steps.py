@@ -14,12 +14,13 @@ import sys
 from collections import OrderedDict
 from pathlib import Path
 
-UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+UNITS = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6}
 
 
 def family(kernel_name):
     """A short family name: the function without namespaces, template arguments or parameters."""
-    name = kernel_name.replace("(anonymous namespace)", "anon")
+    # Anonymous namespaces read "(anonymous namespace)::", "<unnamed>::" or "unnamed>::".
+    name = re.sub(r"\(anonymous namespace\)::|<?unnamed>::", "", kernel_name)
     name = re.sub(r"\(.*$", "", name)
     depth, out = 0, []
     for ch in name:  # drop <...> at any depth
@@ -49,6 +50,8 @@ def read_kernels(path):
     except ValueError:
         return []
     grid_col = header.index("Grid Size") if "Grid Size" in header else None
+    if units[name_col] == "" and units[time_col] not in UNITS:
+        raise SystemExit(f"{path}: unknown time unit {units[time_col]!r}")
     scale = UNITS.get(units[time_col], 1.0) if units[name_col] == "" else 1.0
     data = rows[2:] if units[name_col] == "" else rows[1:]
     out = []

@@ -121,69 +121,72 @@ TEST_CASE(
   struct shape {
     uint32_t q_heads, k_heads, block_tokens;
   };
+  // head_dim 128 takes the 16-byte vector kernel, 72 (half not a multiple of 8) the scalar one.
   for (const shape sh : {shape{32, 8, 16}, shape{12, 2, 32}, shape{4, 4, 16}}) {
-    for (uint32_t rows : {1u, 33u}) {
-      const uint32_t d = 128, half = 64, max_pos = 4096, layers = 3;
-      // Tables as the engine builds them: angle = inv_freq * pos in float, cos/sin rounded to
-      // float.
-      std::vector<float> cosv(uint64_t{max_pos} * half), sinv(uint64_t{max_pos} * half);
-      for (uint32_t p = 0; p < max_pos; ++p) {
-        for (uint32_t i = 0; i < half; ++i) {
-          const float inv =
-              1.0f / std::pow(500000.0f, static_cast<float>(2 * i) / d) / (i > 40 ? 8.0f : 1.0f);
-          const float a = inv * static_cast<float>(p);
-          cosv[uint64_t{p} * half + i] = static_cast<float>(std::cos(static_cast<double>(a)));
-          sinv[uint64_t{p} * half + i] = static_cast<float>(std::sin(static_cast<double>(a)));
+    for (const uint32_t d : {128u, 72u}) {
+      for (uint32_t rows : {1u, 33u}) {
+        const uint32_t half = d / 2, max_pos = 4096, layers = 3;
+        // Tables as the engine builds them: angle = inv_freq * pos in float, cos/sin rounded to
+        // float.
+        std::vector<float> cosv(uint64_t{max_pos} * half), sinv(uint64_t{max_pos} * half);
+        for (uint32_t p = 0; p < max_pos; ++p) {
+          for (uint32_t i = 0; i < half; ++i) {
+            const float inv =
+                1.0f / std::pow(500000.0f, static_cast<float>(2 * i) / d) / (i > 40 ? 8.0f : 1.0f);
+            const float a = inv * static_cast<float>(p);
+            cosv[uint64_t{p} * half + i] = static_cast<float>(std::cos(static_cast<double>(a)));
+            sinv[uint64_t{p} * half + i] = static_cast<float>(std::sin(static_cast<double>(a)));
+          }
         }
+        const uint32_t stride = (sh.q_heads + 2 * sh.k_heads) * d + 8;
+        auto x = random_bf16(uint64_t{rows} * stride, rng);
+        std::vector<int32_t> pos(rows), slots(rows);
+        const uint32_t blocks = 8;
+        std::vector<int32_t> all(blocks * sh.block_tokens);
+        std::iota(all.begin(), all.end(), 0);
+        std::shuffle(all.begin(), all.end(), rng);
+        for (uint32_t r = 0; r < rows; ++r) {
+          pos[r] = static_cast<int32_t>(rng() % max_pos);
+          slots[r] = r == 0 && rows > 1 ? -1 : all[r];
+        }
+        kv_pool_view kv{nullptr, kv_block_elems(layers, sh.k_heads, d, sh.block_tokens),
+                        layers,  sh.k_heads,
+                        d,       sh.block_tokens};
+        std::vector<uint16_t> pool(kv.block_elems * blocks, 0xffff);  // poisoned
+        dbuf<uint16_t> dx(x), dpool(pool);
+        dbuf<int32_t> dpos(pos), dslots(slots);
+        dbuf<float> dcos(cosv), dsin(sinv);
+        rope_params p;
+        p.row_stride = stride;
+        p.rows = rows;
+        p.q_heads = sh.q_heads;
+        p.k_heads = sh.k_heads;
+        p.head_dim = d;
+        p.max_positions = max_pos;
+        p.kv = kv;
+        p.layer = 1;
+        rope_params gp = p;
+        gp.x = dx.get();
+        gp.positions = dpos.get();
+        gp.cos = dcos.get();
+        gp.sin = dsin.get();
+        gp.slots = dslots.get();
+        gp.kv.pool = dpool.get();
+        ok(rope_apply(gp, nullptr));
+        rope_params rp = p;
+        rp.x = x.data();
+        rp.positions = pos.data();
+        rp.cos = cosv.data();
+        rp.sin = sinv.data();
+        rp.slots = slots.data();
+        rp.kv.pool = pool.data();
+        rope_apply_reference(rp);
+        // Bound 1e-6: the same fp32 products and bf16 roundings, so bit-identical in practice.
+        expect(compare_bf16(dx.download(), x), 1e-6, "rope rows");
+        const auto gpu_pool = dpool.download();
+        CHECK(std::memcmp(gpu_pool.data(), pool.data(), pool.size() * 2) ==
+              0);  // same slots written, the rest untouched
       }
-      const uint32_t stride = (sh.q_heads + 2 * sh.k_heads) * d + 8;
-      auto x = random_bf16(uint64_t{rows} * stride, rng);
-      std::vector<int32_t> pos(rows), slots(rows);
-      const uint32_t blocks = 8;
-      std::vector<int32_t> all(blocks * sh.block_tokens);
-      std::iota(all.begin(), all.end(), 0);
-      std::shuffle(all.begin(), all.end(), rng);
-      for (uint32_t r = 0; r < rows; ++r) {
-        pos[r] = static_cast<int32_t>(rng() % max_pos);
-        slots[r] = r == 0 && rows > 1 ? -1 : all[r];
-      }
-      kv_pool_view kv{nullptr, kv_block_elems(layers, sh.k_heads, d, sh.block_tokens),
-                      layers,  sh.k_heads,
-                      d,       sh.block_tokens};
-      std::vector<uint16_t> pool(kv.block_elems * blocks, 0xffff);  // poisoned
-      dbuf<uint16_t> dx(x), dpool(pool);
-      dbuf<int32_t> dpos(pos), dslots(slots);
-      dbuf<float> dcos(cosv), dsin(sinv);
-      rope_params p;
-      p.row_stride = stride;
-      p.rows = rows;
-      p.q_heads = sh.q_heads;
-      p.k_heads = sh.k_heads;
-      p.head_dim = d;
-      p.max_positions = max_pos;
-      p.kv = kv;
-      p.layer = 1;
-      rope_params gp = p;
-      gp.x = dx.get();
-      gp.positions = dpos.get();
-      gp.cos = dcos.get();
-      gp.sin = dsin.get();
-      gp.slots = dslots.get();
-      gp.kv.pool = dpool.get();
-      ok(rope_apply(gp, nullptr));
-      rope_params rp = p;
-      rp.x = x.data();
-      rp.positions = pos.data();
-      rp.cos = cosv.data();
-      rp.sin = sinv.data();
-      rp.slots = slots.data();
-      rp.kv.pool = pool.data();
-      rope_apply_reference(rp);
-      // Bound 1e-6: the same fp32 products and bf16 roundings, so bit-identical in practice.
-      expect(compare_bf16(dx.download(), x), 1e-6, "rope rows");
-      const auto gpu_pool = dpool.download();
-      CHECK(std::memcmp(gpu_pool.data(), pool.data(), pool.size() * 2) ==
-            0);  // same slots written, the rest untouched
     }
   }
 }
@@ -515,6 +518,107 @@ TEST_CASE(
       }
     }
   }
+}
+
+TEST_CASE(
+    "decode_attention reads the newest key as the RoPE kernel just before it on the stream appends "
+    "it") {
+  // The decode kernel requests its first tile before waiting for the kernel before it (PDL),
+  // except a tile holding the newest key: that key's slot is poisoned (NaN) until rope_apply
+  // appends it, so reading it early fails the check.
+  DUET_REQUIRE_GPU();
+  std::mt19937 rng(9);
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  const std::vector<int> lens = {17, 100, 1000, 3000};
+  const uint32_t heads = 32, kv_heads = 8, batch = static_cast<uint32_t>(lens.size());
+  for (const uint32_t block_tokens : {16u, 8u}) {
+    for (const uint32_t max_splits : {1u, 16u}) {
+      paged_setup ps = make_pool(rng, kv_heads, block_tokens, lens);
+      std::vector<int32_t> pos(batch), slots(batch);
+      for (uint32_t b = 0; b < batch; ++b) {
+        pos[b] = lens[b] - 1;
+        const int32_t page = ps.table[ps.table_at[b] + pos[b] / static_cast<int32_t>(block_tokens)];
+        slots[b] =
+            page * static_cast<int32_t>(block_tokens) + pos[b] % static_cast<int32_t>(block_tokens);
+        for (uint32_t kv = 0; kv < 2; ++kv) {
+          for (uint32_t h = 0; h < kv_heads; ++h) {
+            uint16_t* key = ps.pool.data() + uint64_t(page) * ps.kv.block_elems +
+                            ps.kv.offset(1, kv, h, static_cast<uint32_t>(pos[b]) % block_tokens);
+            std::fill(key, key + 128, uint16_t{0x7fc0});  // NaN until appended
+          }
+        }
+      }
+      const uint32_t q_stride = (heads + 2 * kv_heads) * 128, half = 64, max_pos = 4096;
+      std::vector<float> cosv(uint64_t{max_pos} * half), sinv(uint64_t{max_pos} * half);
+      for (uint32_t p = 0; p < max_pos; ++p) {
+        for (uint32_t i = 0; i < half; ++i) {
+          const double a = p / std::pow(500000.0, 2.0 * i / 128);
+          cosv[uint64_t{p} * half + i] = static_cast<float>(std::cos(a));
+          sinv[uint64_t{p} * half + i] = static_cast<float>(std::sin(a));
+        }
+      }
+      dbuf<uint16_t> dqkv(random_bf16(uint64_t{batch} * q_stride, rng, 1.0f)), dpool(ps.pool),
+          dout(uint64_t{batch} * heads * 128);
+      dbuf<int32_t> dtable(ps.table), dat(ps.table_at),
+          dlens(std::vector<int32_t>(lens.begin(), lens.end())), dpos(pos), dslots(slots);
+      dbuf<float> dcos(cosv), dsin(sinv);
+      dbuf<char> ws(decode_attention_workspace_bytes(batch, heads, kv_heads, max_splits));
+      check(cudaMemset(ws.get(), 0, ws.size()), "memset");
+      check(cudaDeviceSynchronize(), "sync");
+      rope_params rp;
+      rp.x = dqkv.get();
+      rp.row_stride = q_stride;
+      rp.positions = dpos.get();
+      rp.cos = dcos.get();
+      rp.sin = dsin.get();
+      rp.rows = batch;
+      rp.q_heads = heads;
+      rp.k_heads = kv_heads;
+      rp.head_dim = 128;
+      rp.max_positions = max_pos;
+      rp.slots = dslots.get();
+      rp.kv = ps.kv;
+      rp.kv.pool = dpool.get();
+      rp.layer = 1;
+      ok(rope_apply(rp, stream));
+      decode_attention_params g;
+      g.q = dqkv.get();
+      g.q_stride = q_stride;
+      g.out = dout.get();
+      g.out_stride = heads * 128;
+      g.kv = rp.kv;
+      g.layer = 1;
+      g.block_table = dtable.get();
+      g.seq_table = dat.get();
+      g.seq_lens = dlens.get();
+      g.batch = batch;
+      g.heads = heads;
+      g.kv_heads = kv_heads;
+      g.scale = 1.0f / std::sqrt(128.0f);
+      g.max_splits = max_splits;
+      g.split_min_keys = 64;
+      g.workspace = ws.get();
+      ok(decode_attention(g, stream));
+      check(cudaStreamSynchronize(stream), "sync");
+      // The reference over what rope_apply left: rotated q, the pool with the newest keys appended.
+      const auto q = dqkv.download();
+      const auto pool = dpool.download();
+      std::vector<uint16_t> ref(uint64_t{batch} * heads * 128);
+      std::vector<int32_t> lens32(lens.begin(), lens.end());
+      decode_attention_params r = g;
+      r.q = q.data();
+      r.out = ref.data();
+      r.kv.pool = const_cast<uint16_t*>(pool.data());
+      r.block_table = ps.table.data();
+      r.seq_table = ps.table_at.data();
+      r.seq_lens = lens32.data();
+      decode_attention_reference(r);
+      INFO("block_tokens " << block_tokens << " max_splits " << max_splits);
+      expect(compare_bf16(dout.download(), ref), 1e-2, "decode attention after the append");
+    }
+  }
+  check(cudaStreamDestroy(stream), "stream");
 }
 
 TEST_CASE(
