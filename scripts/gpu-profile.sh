@@ -8,7 +8,8 @@
 #   process, to tell the GPU's switch between the two processes from the copy).
 # Run from the repository root with .devdeps/ carried (docs/cuda-engine.md, "Running it"):
 #   GPU_PROFILE_STAGES=build,ckpt,kernels,steps,handover scripts/gpu-profile.sh
-# Results in $OUT: profile.log, kernels.json, steps.md (the per-kernel tables), kv_handover.json.
+# Results in $OUT (at most the 8 files a device call brings back): profile.log, kernels.json,
+# steps.md (the per-kernel tables), ncu-STEP.csv per step, kv_handover.json.
 set -u
 export OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -26,9 +27,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 if has build; then
   echo "=== build ($(date +%T))"
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDUET_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DDUET_BENCH=ON >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+    -DDUET_BENCH=ON >"$BUILD.configure.log" 2>&1 || { tail -30 "$BUILD.configure.log"; exit 1; }
   cmake --build "$BUILD" -j16 --target duet bench_cuda_engine bench_kv_handover ${GPU_PROFILE_TARGETS:-} \
-    >"$OUT/build.log" 2>&1 || { grep -B2 -A12 -m5 "error" "$OUT/build.log"; exit 1; }
+    >"$BUILD.build.log" 2>&1 || { grep -B2 -A12 -m5 "error" "$BUILD.build.log"; exit 1; }
 fi
 if has ckpt && [ ! -f "$CKPT/config.json" ]; then
   echo "=== checkpoint: the 8B shape with $LAYERS layers ($(date +%T))"
@@ -44,8 +45,10 @@ if has steps; then
     local name=$1; shift
     "$BUILD/bench/bench_cuda_engine" "$CKPT" /dev/null "$@" | sed "s/^/$name alone: /"
     timeout 240 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
-      --page raw "$BUILD/bench/bench_cuda_engine" "$CKPT" /dev/null "$@" >"$OUT/ncu-$name.csv" 2>"$OUT/ncu-$name.err"
-    echo "--- $name: ncu exit $?"
+      --page raw "$BUILD/bench/bench_cuda_engine" "$CKPT" /dev/null "$@" >"$OUT/ncu-$name.csv" 2>"/tmp/ncu-$name.err"
+    local rc=$?
+    echo "--- $name: ncu exit $rc"
+    [ $rc -eq 0 ] || tail -5 "/tmp/ncu-$name.err"
   }
   profile prefill$PREFILL --profile-prefill "$PREFILL"
   for b in $DECODE; do profile decode$b --profile-decode "$b"; done
