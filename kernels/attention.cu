@@ -582,6 +582,24 @@ __device__ __forceinline__ void split_of(int len, const decode_attention_params&
   splits = (len + chunk - 1) / chunk;
 }
 
+/// The query rows of sequence b's GQA group of kv_head as mma A fragments, read straight from
+/// global memory (rows >= group: 0); g, t: the lane's row group and column pair.
+__device__ __forceinline__ void load_query_fragments(uint32_t (&qf)[8][4],
+                                                     const decode_attention_params& p, int b,
+                                                     int kv_head, int group, int g, int t) {
+  const uint16_t* qrow = p.q + static_cast<uint64_t>(b) * p.q_stride +
+                         static_cast<uint64_t>(kv_head) * group * head_dim;
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+    for (int ri = 0; ri < 4; ++ri) {
+      const int row = g + (ri & 1) * 8, col = kk * 16 + 2 * t + (ri >> 1) * 8;
+      qf[kk][ri] =
+          row < group ? *reinterpret_cast<const uint32_t*>(qrow + row * head_dim + col) : 0u;
+    }
+  }
+}
+
 /// The end of a decode CTA: merges its four warps' (m, l, o) through shared memory, writes the
 /// result (one split) or its partial (several), and the last CTA of the (sequence, KV head) to
 /// finish merges every split's partial into the output.
@@ -702,19 +720,8 @@ __global__ void __launch_bounds__(dc_threads) decode_kernel(decode_attention_par
   const int32_t* table = p.block_table + p.seq_table[b];
   const float scale_log2 = p.scale * log2e;
 
-  // The group's query rows as A fragments, read straight from global memory (rows >= group: 0).
   uint32_t qf[8][4];
-  const uint16_t* qrow = p.q + static_cast<uint64_t>(b) * p.q_stride +
-                         static_cast<uint64_t>(kv_head) * group * head_dim;
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk) {
-#pragma unroll
-    for (int ri = 0; ri < 4; ++ri) {
-      const int row = g + (ri & 1) * 8, col = kk * 16 + 2 * t + (ri >> 1) * 8;
-      qf[kk][ri] =
-          row < group ? *reinterpret_cast<const uint32_t*>(qrow + row * head_dim + col) : 0u;
-    }
-  }
+  load_query_fragments(qf, p, b, kv_head, group, g, t);
 
   float o[16][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -856,17 +863,7 @@ __global__ void __launch_bounds__(dc_threads, decode_attention_ctas_per_sm)
   pages_of(key0 + step);
 
   uint32_t qf[8][4];
-  const uint16_t* qrow = p.q + static_cast<uint64_t>(b) * p.q_stride +
-                         static_cast<uint64_t>(kv_head) * group * head_dim;
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk) {
-#pragma unroll
-    for (int ri = 0; ri < 4; ++ri) {
-      const int row = g + (ri & 1) * 8, col = kk * 16 + 2 * t + (ri >> 1) * 8;
-      qf[kk][ri] =
-          row < group ? *reinterpret_cast<const uint32_t*>(qrow + row * head_dim + col) : 0u;
-    }
-  }
+  load_query_fragments(qf, p, b, kv_head, group, g, t);
 
   float o[16][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
