@@ -7,13 +7,16 @@
 # inter-token gap (first to second token: the handover stall) come from `duet bench serve`
 # over ZeroMQ. Run after a build and the 8B checkpoint of scripts/gpu-check.sh, e.g.
 #   GPU_CHECK_STAGES=build,bench scripts/gpu-check.sh; scripts/gpu-stream-prefill.sh
-# Results in $OUT/stream-prefill.md (and the bench serve reports in $OUT/sp-MODE/).
+# Results in $OUT/stream-prefill.md; the nodes' logs and bench serve's reports stay in $WORK
+# (/tmp/duet-stream-prefill), since a device call brings back 8 files.
 set -u
 export OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 BUILD=${GPU_BUILD:-build-gpu}
 CKPT=${GPU_CKPT:-$BUILD/r1-distill-llama-8b-random}
 LENGTHS=${STREAM_PREFILL_LENGTHS:-8192 16384 30000 8192 16384 30000}
+WORK=${STREAM_PREFILL_WORK:-/tmp/duet-stream-prefill}
+mkdir -p "$WORK"
 source "$(dirname "$0")/gpu-env.sh"
 [ -f "$CKPT/config.json" ] || { echo "no checkpoint at $CKPT (scripts/gpu-check.sh writes it)"; exit 1; }
 
@@ -70,12 +73,12 @@ device = 0
 kv_blocks = 2200
 max_batch = 4
 EOF
-  "$BUILD/duet" node --config "$cfg" --name p >"$OUT/sp-$mode-p.log" 2>&1 &
+  "$BUILD/duet" node --config "$cfg" --name p >"$WORK/sp-$mode-p.log" 2>&1 &
   local p=$!
-  "$BUILD/duet" node --config "$cfg" --name d >"$OUT/sp-$mode-d.log" 2>&1 &
+  "$BUILD/duet" node --config "$cfg" --name d >"$WORK/sp-$mode-d.log" 2>&1 &
   local d=$!
   timeout -k 10 300 "$BUILD/duet" bench serve --config "$cfg" --trace "$trace" --wait 180 --time-limit 150 \
-    --name "$mode" --out "$OUT/sp-$mode" >"$OUT/sp-$mode.bench.log" 2>&1
+    --name "$mode" --out "$WORK/sp-$mode" >"$WORK/sp-$mode.bench.log" 2>&1
   echo "--- stream_prefill $mode: bench exit $? ($(date +%T))"
   timeout 20 "$BUILD/duet" stats --config "$cfg" 2>/dev/null | grep -E "stream_bytes|transfers_|chunks|expired" | head -8
   kill -TERM $p $d 2>/dev/null
@@ -86,7 +89,7 @@ EOF
 run_mode off
 run_mode chunks
 
-python3 - "$OUT" <<'PY' | tee "$OUT/stream-prefill.md"
+python3 - "$WORK" <<'PY' | tee "$OUT/stream-prefill.md"
 import csv, sys
 out = sys.argv[1]
 rows = {}
