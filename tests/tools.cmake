@@ -1,0 +1,7 @@
+# Helpers of the GPU scripts that run anywhere: scripts/ncu_steps.py (scripts/gpu-profile.sh's
+# per-kernel tables) on a real Nsight Compute CSV of the H200.
+if(EXISTS /usr/bin/python3)
+  add_test(NAME ncu_steps_tables
+           COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/tools/check_ncu_steps.py ${PROJECT_SOURCE_DIR})
+  set_tests_properties(ncu_steps_tables PROPERTIES TIMEOUT 60)
+endif()
