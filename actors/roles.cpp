@@ -301,6 +301,7 @@ void maybe_step(typename duet_actor::stateful_pointer<Role> self) {
     return;
   }
   st.stepping = true;
+  if (st.core->step_in_background()) return;  // the step thread sends step_done
   if (wait->count() > 0) {
     self->delayed_send(self, *wait, step_done_atom::value);
   } else {
@@ -334,6 +335,18 @@ duet_actor::behavior_type worker_behavior(duet_actor::stateful_pointer<Role> sel
   st.context = context;
   st.router = addrs.router;
   st.board->last = st.core->load();
+  if constexpr (std::is_same_v<Role, prefill_role>) {
+    if (prefill_steps_in_background(context.config->engine.kind)) {
+      // Prefill steps of an engine that computes (cpu, cuda) run on a thread of their own, so
+      // KV-stream acks, cancels and prompts are taken while the chunk computes.
+      auto weak = caf::actor_cast<caf::weak_actor_ptr>(self);
+      st.core->compute_in_background([weak] {
+        if (auto strong = caf::actor_cast<caf::strong_actor_ptr>(weak)) {
+          caf::anon_send(caf::actor_cast<duet_actor>(strong), step_done_atom::value);
+        }
+      });
+    }
+  }
   self->send(self, tick_atom::value);
   self->template spawn<caf::linked>(load_reporter, st.board, context, addrs.router);
   return {

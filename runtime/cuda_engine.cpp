@@ -681,6 +681,16 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
   }
   stream_ = stream_owner_.get();
   capture_stream_ = capture_owner_ ? capture_owner_.get() : stream_;
+  if (partition_) {
+    CUstream stream = nullptr;
+    CU_CHECK(
+        drv().cuGreenCtxStreamCreate(&stream, partition_->green, CU_STREAM_NON_BLOCKING, least));
+    read_stream_owner_ = owned_stream(stream);
+  } else {
+    cudaStream_t stream = nullptr;
+    CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, least));
+    read_stream_owner_ = owned_stream(stream);
+  }
 
   device_buffers& b = *buf_;
   kcheck(b.gemm.init());
@@ -1297,7 +1307,7 @@ bool cuda_engine::read_blocks(std::span<const uint32_t> blocks, std::span<std::b
     if (blk >= kv_blocks_) return false;
   }
   const device_scope bound = bind_device();
-  const cudaStream_t s = as_stream(stream_);
+  const cudaStream_t s = as_stream(read_stream_owner_.get());
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     CUDA_CHECK(cudaMemcpyAsync(out.data() + i * info_.block_bytes,
                                static_cast<char*>(pool_) + blocks[i] * info_.block_bytes,

@@ -62,7 +62,8 @@ class cuda_engine final : public engine {
   [[nodiscard]] step_output decode(std::span<const decode_slot> slots) override;
   void release(uint64_t seq_id) override;
   /// block_bytes per block; false (nothing copied) when a block id is outside the pool or `out`
-  /// is not blocks.size() * block_bytes long.
+  /// is not blocks.size() * block_bytes long. On a stream of its own, without waiting for a
+  /// step in flight on another thread: the caller reads only blocks that step does not write.
   bool read_blocks(std::span<const uint32_t> blocks, std::span<std::byte> out) const override;
   bool write_blocks(std::span<const uint32_t> blocks, std::span<const std::byte> in) override;
   /// The pool as a CUDA IPC memory handle (taken once): another process on this host opens it
@@ -141,6 +142,9 @@ class cuda_engine final : public engine {
   std::shared_ptr<void> capture_owner_;      // shared_stream: a private stream for graph capture
   void* stream_ = nullptr;                   // cudaStream_t, stream_owner_.get()
   void* capture_stream_ = nullptr;  // where decode graphs are captured (stream_ unless shared)
+  // read_blocks copies here: a prefill step may be computing on stream_ meanwhile (from another
+  // thread), and the blocks read are finished ones, so the copy need not wait for it.
+  std::shared_ptr<void> read_stream_owner_;
   std::unique_ptr<device_buffers> buf_;
   void allocate_pool(uint64_t block_bytes);
   std::shared_ptr<void> pool_memory_;  // the pool's allocation (shared with the seat's other members)

@@ -78,6 +78,8 @@ class decode_core {
   [[nodiscard]] std::optional<std::chrono::nanoseconds> begin_step(int64_t now_ms);
   void finish_step(int64_t now_ms);
   void tick(int64_t now_ms);
+  /// Decode steps compute on the caller's thread (they are short; a prefill step is not).
+  [[nodiscard]] bool step_in_background() const { return false; }
 
   [[nodiscard]] outbox& out() { return out_; }
   [[nodiscard]] const block_manager& pool() const { return pool_; }

@@ -1,13 +1,20 @@
 #include "runtime/prefill_core.hpp"
 
-#include <algorithm>
-
 #include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "runtime/hop_stats.hpp"
 #include "runtime/kv_pool_share.hpp"
 
 namespace duet {
+
+bool prefill_steps_in_background(const std::string& engine_kind) {
+  const char* env = std::getenv("DUET_PREFILL_THREAD");
+  return engine_kind != "sim" && !(env && std::string_view(env) == "0");
+}
 
 prefill_core::prefill_core(std::string self, prefill_settings settings, engine& engine)
     : settings_(std::move(settings)),
@@ -52,7 +59,26 @@ void prefill_core::on_request(const msg::envelope& env, const msg::prefill_reque
   ++counters_["accepted"];
 }
 
+void prefill_core::compute_in_background(std::function<void()> notify) {
+  notify_ = std::move(notify);
+  if (!background_) background_ = std::make_unique<step_thread>();
+}
+
+void prefill_core::send_finished_blocks() {
+  for (const auto& [seq_id, ready] : finished_blocks_) {
+    auto it = jobs_.find(seq_id);
+    if (it != jobs_.end()) sender_.pre_send(seq_id, it->second.stream_to, it->second.blocks, ready);
+  }
+  finished_blocks_.clear();
+}
+
 std::optional<std::chrono::nanoseconds> prefill_core::begin_step(int64_t now_ms) {
+  auto step = plan_and_launch(now_ms);
+  send_finished_blocks();  // while the step just launched computes
+  return step;
+}
+
+std::optional<std::chrono::nanoseconds> prefill_core::plan_and_launch(int64_t now_ms) {
   if (!in_flight_.empty()) return std::nullopt;
   if (!unacked_.empty()) {
     if (now_ms < hold_until_ms_) return std::nullopt;  // the acks are a broker round trip away
@@ -82,12 +108,23 @@ std::optional<std::chrono::nanoseconds> prefill_core::begin_step(int64_t now_ms)
   }
   if (chunks.empty()) return std::nullopt;
   step_began_ms_ = now_ms;
-  in_flight_output_ = engine_.prefill(chunks);
   counters_["steps"]++;
+  if (background_) {
+    // The chunks' spans stay valid: in-flight jobs are neither erased nor changed until
+    // finish_step (on_cancel and tick skip them).
+    background_->launch([this, chunks = std::move(chunks)] { return engine_.prefill(chunks); },
+                        notify_);
+    in_flight_output_ = {};
+    return std::chrono::nanoseconds{0};
+  }
+  in_flight_output_ = engine_.prefill(chunks);
   return in_flight_output_.modeled;
 }
 
 void prefill_core::finish_step(int64_t now_ms) {
+  if (background_ && background_->busy()) in_flight_output_ = background_->take();
+  for (uint64_t seq_id : deferred_releases_) engine_.release(seq_id);
+  deferred_releases_.clear();
   record_hop(counters_, "step", (now_ms - step_began_ms_) * 1000);  // one per step, not per prompt
   std::size_t sampled = 0;
   for (const auto& p : in_flight_) {
@@ -103,9 +140,14 @@ void prefill_core::finish_step(int64_t now_ms) {
       continue;
     }
     if (!j.stream_to.empty()) {
-      // Whole blocks are final once computed: they leave while the next chunk computes.
+      // Whole blocks are final once computed: they leave while the next chunk computes. In the
+      // background, once that chunk is launched (reading them here would hold its launch).
       const auto ready = p.last ? static_cast<uint32_t>(j.blocks.size()) : j.done / engine_.info().block_tokens;
-      if (ready > 0) sender_.pre_send(j.seq_id, j.stream_to, j.blocks, ready);
+      if (ready > 0 && background_) {
+        finished_blocks_.emplace_back(j.seq_id, ready);
+      } else if (ready > 0) {
+        sender_.pre_send(j.seq_id, j.stream_to, j.blocks, ready);
+      }
     }
     if (!p.last) continue;
     std::erase(queue_, j.seq_id);
@@ -131,9 +173,9 @@ void prefill_core::finish_step(int64_t now_ms) {
     reg.block_ids = j.blocks;
     pool_.lend(j.blocks, j.seq_id);  // a worker sharing the pool may take them over (same_pool)
     out_.send(settings_.broker, reg, j.deadline_ms);
-    // Only an engine that computed on this thread (nothing modelled left to wait) blocks
-    // the actor through its next step; the sim engine's steps are timers.
-    if (settings_.register_hold_ms > 0 && in_flight_output_.modeled.count() == 0) {
+    // Only an engine that computes on this thread (nothing modelled left to wait, no
+    // background step) blocks the actor through its next step; the sim engine's steps are timers.
+    if (settings_.register_hold_ms > 0 && in_flight_output_.modeled.count() == 0 && !background_) {
       unacked_.insert(j.seq_id);
       hold_until_ms_ = now_ms + settings_.register_hold_ms;
     }
@@ -267,7 +309,11 @@ void prefill_core::free_job(uint64_t seq_id) {
   } else {
     pool_.free(it->second.blocks);
   }
-  engine_.release(seq_id);
+  if (step_in_background()) {
+    deferred_releases_.push_back(seq_id);  // the engine is computing on another thread
+  } else {
+    engine_.release(seq_id);
+  }
   jobs_.erase(it);
 }
 

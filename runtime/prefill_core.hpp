@@ -2,12 +2,14 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "messages/catalogue.hpp"
@@ -15,6 +17,7 @@
 #include "runtime/engine.hpp"
 #include "runtime/kv_stream.hpp"
 #include "runtime/outbox.hpp"
+#include "runtime/step_thread.hpp"
 
 namespace duet {
 
@@ -26,13 +29,20 @@ struct prefill_settings {
   uint32_t max_batch = 64;        // sequences per step
   uint32_t register_timeout_ms = 5000;
   // After a step that finished prompts, the next step waits up to this long for the broker's
-  // acks when the engine computes on the actor's thread (cuda, cpu: no modelled time), which
+  // acks when the engine computes on the actor's thread (cuda, cpu without
+  // compute_in_background: no modelled time), which
   // would otherwise hold those prompts' first tokens (prefill_done) until the next step ends.
   // 0: never wait.
   uint32_t register_hold_ms = 5;
   uint32_t lease_grace_ms = 2000;  // after the lease, the owner may reclaim by itself
   kv_stream_settings stream;       // the stream transfer path, when the broker asks for it
 };
+
+/// Whether a prefill worker over an engine of `engine_kind` computes its steps on a thread of
+/// its own (prefill_core::compute_in_background): every engine that computes (cpu, cuda), not the
+/// sim engine, whose steps are timers. DUET_PREFILL_THREAD=0 keeps them on the actor's thread,
+/// as before 2026-12-02, for A/B runs; the simulator reads it too.
+[[nodiscard]] bool prefill_steps_in_background(const std::string& engine_kind);
 
 /// Ordered states of a prompt in a prefill worker.
 enum class prefill_state : uint8_t { waiting, running, registering, handed_over };
@@ -55,9 +65,18 @@ class prefill_core {
   void on_kv_send(const std::string& from, const msg::kv_send& m);
   void on_chunk_ack(const std::string& from, const msg::kv_chunk_ack& m);
 
+  /// From now on each step computes on a thread of its own (step_thread.hpp) and `notify` is
+  /// called there when it ends: the caller then runs finish_step on its own thread. Messages
+  /// keep being taken meanwhile; the engine sees only read_blocks (the stream path) from the
+  /// caller's thread during a step, its other calls wait for finish_step.
+  void compute_in_background(std::function<void()> notify);
+
   /// Runs the engine on the next chunks. Returns how long the actor must wait before
-  /// finish_step (sim engine), or nothing when there is no work.
+  /// finish_step (sim engine), or nothing when there is no work. A step in the background
+  /// returns zero; the notify of compute_in_background says when it is done.
   [[nodiscard]] std::optional<std::chrono::nanoseconds> begin_step(int64_t now_ms);
+  /// The step begun last computes in the background: wait for its notify, not for a timer.
+  [[nodiscard]] bool step_in_background() const { return background_ && !in_flight_.empty(); }
   void finish_step(int64_t now_ms);
   /// Deadlines and bounded waits: expired prompts fail, lost acks are given up on.
   void tick(int64_t now_ms);
@@ -91,6 +110,9 @@ class prefill_core {
     uint32_t tokens;
     bool last;
   };
+  [[nodiscard]] std::optional<std::chrono::nanoseconds> plan_and_launch(int64_t now_ms);
+  /// broker.stream_prefill: the blocks the last background step finished go to their adopters.
+  void send_finished_blocks();
   void fail(job& j, msg::finish_reason reason, msg::error_code code, const std::string& message);
   void free_job(uint64_t seq_id);
 
@@ -107,6 +129,11 @@ class prefill_core {
   std::unordered_set<uint64_t> unacked_;  // registered by the last step, ack not yet here
   int64_t hold_until_ms_ = 0;
   int64_t step_began_ms_ = 0;
+  std::unique_ptr<step_thread> background_;  // set by compute_in_background
+  std::function<void()> notify_;
+  // engine.release waits while a step computes in the background.
+  std::vector<uint64_t> deferred_releases_;
+  std::vector<std::pair<uint64_t, uint32_t>> finished_blocks_;  // (seq_id, blocks ready) to stream
 };
 
 }  // namespace duet
