@@ -206,6 +206,8 @@ struct unit {
   // On a shared stream (step_policy::stream): a step is enqueued, not yet returned.
   bool in_step = false;
   bool second_sync = false;  // the step sampled tokens (prefill): it syncs once more
+  bool synchronous = false;  // its steps compute on the actor's thread (decode; prefill unless
+                             // prefill_steps_in_background)
   // A cuda or cpu engine computes inside the actor's begin_step (actors/roles.cpp): messages
   // that reach the worker while its step runs wait in its mailbox until the step returns.
   struct held_message {
@@ -412,7 +414,11 @@ class event_sim {
                                               config_.model.max_context, config_.model.block_tokens,
                                               w.sm_share, 1.0);
       }
-      u.engine = std::make_unique<tally_engine>(engine, synchronous_steps_);
+      // A prefill step of a computing engine runs on the worker's step thread (actors/roles.cpp):
+      // its actor takes messages meanwhile and holds no register acks.
+      u.synchronous = synchronous_steps_ && !(w.role == actor_role::prefill &&
+                                              prefill_steps_in_background(config_.engine.kind));
+      u.engine = std::make_unique<tally_engine>(engine, u.synchronous);
       u.kv_blocks = w.kv_blocks > 0
                         ? w.kv_blocks
                         : kv_blocks_from_memory(config_, deployment_.gpus[w.gpu].type,
@@ -705,7 +711,7 @@ class event_sim {
     }
     const uint32_t index = e.a - first_unit;
     unit& u = *units_[index];
-    if (synchronous_steps_ && stepping(index)) {
+    if (u.synchronous && stepping(index)) {
       // Into the mailbox until the step returns (held_messages); the frames go back in a slot.
       event kept = e;
       kept.payload = store(std::move(frames));
@@ -1009,8 +1015,8 @@ class event_sim {
     if (!tl.fifo.empty()) start_stream_head(t);
     // Whose sync returns now: the owner of the finished work, unless it syncs again behind
     // what is queued now, and whoever waited for this item. The owner goes first: the other
-    // worker, a prefill worker, also waits for the broker's ack of the prompts it finished
-    // before its next step (prefill_settings::register_hold_ms).
+    // worker, a prefill worker computing on its actor's thread, also waits for the broker's ack
+    // of the prompts it finished before its next step (prefill_settings::register_hold_ms).
     std::vector<uint32_t> returning;
     unit& owner = *units_[done.unit];
     if (owner.second_sync && !tl.fifo.empty()) {
