@@ -29,10 +29,9 @@ struct prefill_settings {
   uint32_t max_batch = 64;        // sequences per step
   uint32_t register_timeout_ms = 5000;
   // After a step that finished prompts, the next step waits up to this long for the broker's
-  // acks when the engine computes on the actor's thread (cuda, cpu without
-  // compute_in_background: no modelled time), which
-  // would otherwise hold those prompts' first tokens (prefill_done) until the next step ends.
-  // 0: never wait.
+  // acks when the engine computes on the actor's thread (cuda, cpu without compute_in_background:
+  // no modelled time), which would otherwise hold those prompts' first tokens (prefill_done)
+  // until the next step ends. 0: never wait.
   uint32_t register_hold_ms = 5;
   uint32_t lease_grace_ms = 2000;  // after the lease, the owner may reclaim by itself
   kv_stream_settings stream;       // the stream transfer path, when the broker asks for it
