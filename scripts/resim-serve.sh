@@ -34,7 +34,11 @@ for toml in "$DATA"/*.toml; do
   else
     cp "$toml" "$OUT/$name.toml"
   fi
-  "$DUET" sim --config "$OUT/$name.toml" --trace "$TRACES/AzureLLMInferenceTrace_$1_2023.csv" --start "$2" \
+  # Runs named -sync ran with DUET_PREFILL_THREAD=0 (prefill steps on the actor's thread), which
+  # the simulator reads as the workers do.
+  thread=1
+  case $name in *-sync) thread=0 ;; esac
+  DUET_PREFILL_THREAD=$thread "$DUET" sim --config "$OUT/$name.toml" --trace "$TRACES/AzureLLMInferenceTrace_$1_2023.csv" --start "$2" \
     --duration "$3" --rate-scale "$4" --slo ttft=2s,tpot=50ms --calibration "$CAL" \
     --out "$OUT/$name" >"$OUT/$name.log"
 done
