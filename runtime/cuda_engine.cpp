@@ -1,11 +1,8 @@
 #include "runtime/cuda_engine.hpp"
 
-#include <unistd.h>
-
-#include "runtime/kv_pool_share.hpp"
-
 #include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -15,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <stdexcept>
+#include <string_view>
 
 #include "kernels/attention.cuh"
 #include "kernels/embedding.cuh"
@@ -26,6 +24,7 @@
 #include "kernels/sampling.cuh"
 #include "kernels/silu_mul.cuh"
 #include "runtime/cpu_engine.hpp"
+#include "runtime/kv_pool_share.hpp"
 #include "runtime/safetensors.hpp"
 
 namespace duet {
@@ -749,6 +748,8 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
     attention_variant_ = 5;
   if (const char* v = std::getenv("DUET_CUDA_ATTN_VARIANT"))
     attention_variant_ = static_cast<uint32_t>(std::atoi(v));
+  if (const char* v = std::getenv("DUET_KV_READ_STAGING"))
+    staged_reads_ = std::string_view(v) != "0";
   for (uint32_t bucket = 1; bucket < params_.max_batch; bucket *= 2) buckets_.push_back(bucket);
   buckets_.push_back(params_.max_batch);
 
@@ -778,8 +779,10 @@ cuda_engine::~cuda_engine() {
     if (copy_ids_) cudaFree(copy_ids_);
     pool_memory_.reset();  // the last member of a shared pool frees it
     buf_.reset();
+    read_staging_.reset();
     capture_owner_.reset();
     stream_owner_.reset();  // a green context's streams go before the context
+    read_stream_owner_.reset();
   }
   partition_.reset();
 }
@@ -1301,12 +1304,75 @@ void cuda_engine::release(uint64_t seq_id) {
   prompt_tokens_.erase(seq_id);
 }
 
+/// Two pinned buffers of at least one block each. A copy to pageable memory is staged by the
+/// driver and returns only once it is done, while the step thread launches kernels on the same
+/// context; here the copy engine fills one buffer while the host drains the other.
+struct cuda_engine::read_staging {
+  static constexpr uint64_t min_bytes = 8ull << 20;
+  std::mutex mutex;  // read_blocks is const: callers on two threads must not share a buffer
+  uint64_t bytes = 0;
+  void* buffer[2] = {};
+  cudaEvent_t filled[2] = {};
+  explicit read_staging(uint64_t block_bytes) : bytes(std::max(min_bytes, block_bytes)) {
+    for (int i = 0; i < 2; ++i) {
+      CUDA_CHECK(cudaHostAlloc(&buffer[i], bytes, cudaHostAllocPortable));
+      CUDA_CHECK(cudaEventCreateWithFlags(&filled[i], cudaEventDisableTiming));
+    }
+  }
+  ~read_staging() {
+    for (int i = 0; i < 2; ++i) {
+      if (filled[i]) cudaEventSynchronize(filled[i]), cudaEventDestroy(filled[i]);
+      if (buffer[i]) cudaFreeHost(buffer[i]);
+    }
+  }
+  read_staging(const read_staging&) = delete;
+  read_staging& operator=(const read_staging&) = delete;
+};
+
+void cuda_engine::read_blocks_staged(std::span<const uint32_t> blocks,
+                                     std::span<std::byte> out) const {
+  const uint64_t block_bytes = info_.block_bytes;
+  std::call_once(read_staging_made_,
+                 [&] { read_staging_ = std::make_unique<read_staging>(block_bytes); });
+  read_staging& st = *read_staging_;
+  const std::lock_guard lock(st.mutex);
+  const cudaStream_t s = as_stream(read_stream_owner_.get());
+  const std::size_t per_group = st.bytes / block_bytes;
+  const std::size_t groups = (blocks.size() + per_group - 1) / per_group;
+  auto drain = [&](std::size_t g) {  // group g from its buffer into `out`
+    const std::size_t first = g * per_group, count = std::min(per_group, blocks.size() - first);
+    CUDA_CHECK(cudaEventSynchronize(st.filled[g % 2]));
+    std::memcpy(out.data() + first * block_bytes, st.buffer[g % 2], count * block_bytes);
+  };
+  for (std::size_t g = 0; g < groups; ++g) {
+    // Its buffer was drained in the iteration before (group g - 2).
+    auto* buffer = static_cast<char*>(st.buffer[g % 2]);
+    const std::size_t first = g * per_group, end = std::min(first + per_group, blocks.size());
+    for (std::size_t i = first; i < end;) {
+      std::size_t run = 1;  // consecutive block ids: one copy
+      while (i + run < end && blocks[i + run] == blocks[i] + run) ++run;
+      CUDA_CHECK(
+          cudaMemcpyAsync(buffer + (i - first) * block_bytes,
+                          static_cast<const char*>(pool_) + uint64_t{blocks[i]} * block_bytes,
+                          run * block_bytes, cudaMemcpyDeviceToHost, s));
+      i += run;
+    }
+    CUDA_CHECK(cudaEventRecord(st.filled[g % 2], s));
+    if (g > 0) drain(g - 1);
+  }
+  if (groups > 0) drain(groups - 1);
+}
+
 bool cuda_engine::read_blocks(std::span<const uint32_t> blocks, std::span<std::byte> out) const {
   if (out.size() != blocks.size() * info_.block_bytes) return false;
   for (uint32_t blk : blocks) {
     if (blk >= kv_blocks_) return false;
   }
   const device_scope bound = bind_device();
+  if (staged_reads_) {
+    read_blocks_staged(blocks, out);
+    return true;
+  }
   const cudaStream_t s = as_stream(read_stream_owner_.get());
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     CUDA_CHECK(cudaMemcpyAsync(out.data() + i * info_.block_bytes,

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <span>
 #include <string>
@@ -145,6 +146,11 @@ class cuda_engine final : public engine {
   // read_blocks copies here: a prefill step may be computing on stream_ meanwhile (from another
   // thread), and the blocks read are finished ones, so the copy need not wait for it.
   std::shared_ptr<void> read_stream_owner_;
+  struct read_staging;  // pinned buffers read_blocks copies through, made on first use
+  mutable std::unique_ptr<read_staging> read_staging_;
+  mutable std::once_flag read_staging_made_;
+  bool staged_reads_ = true;  // DUET_KV_READ_STAGING=0: copy straight to pageable memory (A/B runs)
+  void read_blocks_staged(std::span<const uint32_t> blocks, std::span<std::byte> out) const;
   std::unique_ptr<device_buffers> buf_;
   void allocate_pool(uint64_t block_bytes);
   std::shared_ptr<void> pool_memory_;  // the pool's allocation (shared with the seat's other members)

@@ -224,6 +224,39 @@ TEST_CASE("KV blocks read from one engine and written into another continue the 
   CHECK(rel(decoder.last_logits(0), prefiller.last_logits(0)) <= 1e-6);
 }
 
+TEST_CASE("read_blocks returns every block's bytes in the order asked, over many staging buffers") {
+  DUET_REQUIRE_GPU();
+  const auto dir = checkpoint("llama");
+  cuda_engine_params gp;
+  gp.kv_blocks = 4096;  // of this model: several times the 8 MiB a staging buffer holds
+  gp.max_batch = 4;
+  cuda_engine e(dir, gp);
+  const uint64_t block_bytes = e.info().block_bytes;
+  const uint32_t n = e.info().kv_blocks;
+  REQUIRE(uint64_t{n} * block_bytes > 3 * (8ull << 20));
+  std::vector<uint32_t> all(n);
+  std::iota(all.begin(), all.end(), 0u);
+  std::vector<std::byte> pool(uint64_t{n} * block_bytes);
+  std::mt19937 rng(12);
+  for (auto& b : pool) b = static_cast<std::byte>(rng());
+  REQUIRE(e.write_blocks(all, pool));
+  // Runs of consecutive ids (one copy each) between single blocks out of order, and a repeat.
+  std::vector<uint32_t> ask;
+  for (uint32_t i = 0; i + 64 < n; i += 97) {
+    for (uint32_t j = 0; j < 17; ++j) ask.push_back(i + j);
+    ask.push_back(n - 1 - i);
+  }
+  ask.push_back(ask.front());
+  std::vector<std::byte> out(ask.size() * block_bytes, std::byte{0xAB});
+  REQUIRE(e.read_blocks(ask, out));
+  for (std::size_t i = 0; i < ask.size(); ++i) {
+    INFO("block " << i << " (id " << ask[i] << ")");
+    REQUIRE(std::equal(out.begin() + i * block_bytes, out.begin() + (i + 1) * block_bytes,
+                       pool.begin() + uint64_t{ask[i]} * block_bytes));
+  }
+  CHECK_FALSE(e.read_blocks(std::vector<uint32_t>{n}, std::span(out).first(block_bytes)));
+}
+
 TEST_CASE("sampling on the GPU is seeded, and penalties are applied by the host sampler") {
   DUET_REQUIRE_GPU();
   const auto dir = checkpoint("llama");
