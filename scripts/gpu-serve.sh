@@ -23,7 +23,8 @@
 #             (h200-cuda-engine-2026-12-01.toml); $OUT/today-high.tar.gz (~4 minutes with build)
 #   matrix    today's engine on both traces and every one-GPU deployment kind, one GPU, the
 #             simulator beside with the newest calibration ($CAL_MATRIX): the runs of
-#             $GPU_SERVE_MATRIX ("NAME KIND TRACE START DURATION RATE;..."; default code x1 on PD
+#             $GPU_SERVE_MATRIX ("NAME KIND TRACE START DURATION RATE;..."; KIND as in stage one, with
+#             +bN for a decode max_batch of N instead of 128, e.g. streams+b256; default code x1 on PD
 #             streams, colocated and PD 70/30, then conversation x5 on PD streams and colocated), each
 #             warmed up first, in order while they fit by $GPU_SERVE_DEADLINE; $OUT/matrix.tar.gz
 #             (summaries, requests, deployments, logs), rewritten after every run
@@ -122,8 +123,10 @@ if has ckpt && [ ! -f "$CKPT/config.json" ]; then
   echo "--- 8B random checkpoint written in $((SECONDS - t0)) s: $(du -sh "$CKPT" | cut -f1)"
 fi
 
-deploy() {  # deploy FILE SLOT KIND: the deployment TOML of one run
-  local file=$1 slot=$2 kind=$3 pre="" dec="" dnode="" ddev=0
+deploy() {  # deploy FILE SLOT KIND[+bN]: the deployment TOML of one run (+bN: decode max_batch N, else 128)
+  local file=$1 slot=$2 kind=${3%%+b*} pre="" dec="" dnode="" ddev=0 dbatch=128
+  [[ $3 == *+b* ]] && dbatch=${3##*+b}
+  [[ $dbatch =~ ^[0-9]+$ ]] || { echo "bad decode batch in $3"; return 1; }
   case $kind in
     colocated) pre='stream = "shared"'; dec='stream = "shared"' ;;
     streams) ;;
@@ -178,7 +181,7 @@ name = "decode0"
 role = "decode"
 device = $ddev
 kv_blocks = 32768
-max_batch = 128
+max_batch = $dbatch
 $dec
 EOF
 }
@@ -187,7 +190,7 @@ up_start() {  # up_start NAME SLOT KIND VISIBLE_GPUS: `duet up` of that deployme
   local name=$1 slot=$2 kind=$3 visible=$4
   deploy "$RUNS/$name.toml" "$slot" "$kind" || return 1
   CUDA_VISIBLE_DEVICES=$visible "$BUILD/duet" up --config "$RUNS/$name.toml" >"$RUNS/$name.up.log" 2>&1 &
-  UP=$! UP_KIND=$kind
+  UP=$! UP_KIND=${kind%%+b*}
 }
 
 up_stop() {  # up_stop NAME SLOT: SIGTERM to $UP, SIGKILL after 20 s (1p1d: its decode node's process too)
