@@ -78,9 +78,12 @@ struct cluster_view {
   std::vector<msg::stats_reply> replies;
   std::vector<std::string> silent;  // actors that did not answer the last poll
   steady::time_point updated{};
+  // From the router's last answer, which a poll it misses does not clear: a router busy past
+  // one poll's wait (a burst's end) is slow, not gone. Stale after 3 s.
+  steady::time_point router_seen{};
   uint64_t ready_prefill = 0;
   uint64_t ready_decode = 0;
-  bool router_answered = false;
+  bool router_answered = false;  // ever
   uint64_t polls = 0;
 };
 
@@ -382,8 +385,6 @@ class stats_poller {
       auto replies = c.stats(all, wait);
       {
         std::lock_guard lk(view_.mu);
-        view_.router_answered = false;
-        view_.ready_prefill = view_.ready_decode = 0;
         view_.silent.clear();
         for (const auto& a : all) {
           auto r = std::find_if(replies.begin(), replies.end(), [&](const msg::stats_reply& x) { return x.actor == a; });
@@ -392,6 +393,7 @@ class stats_poller {
         for (auto& r : replies) {
           if (r.actor == router_) {
             view_.router_answered = true;
+            view_.router_seen = steady::now();
             view_.ready_prefill = r.counters["ready_prefill"];
             view_.ready_decode = r.counters["ready_decode"];
           }
@@ -472,7 +474,7 @@ struct http_frontend::impl {
   /// Same, with view.mu held.
   [[nodiscard]] bool ready_locked() const {
     return view.router_answered && view.ready_prefill > 0 && view.ready_decode > 0 &&
-           steady::now() - view.updated < std::chrono::seconds(3);
+           steady::now() - view.router_seen < std::chrono::seconds(3);
   }
 
   void accept();

@@ -123,9 +123,10 @@ class Server:
         self.log.close()
 
 
-def one_node_server(tmp, name, **head):
+def one_node_server(tmp, name, env=None, **head):
     """`duet up` of one node named `name` holding every actor, HTTP on a free port, started
-    (the caller waits with `wait_healthy` and ends it with `stop`); `head` goes to head_toml."""
+    (the caller waits with `wait_healthy` and ends it with `stop`); `head` goes to head_toml,
+    `env` to the process's environment."""
     port = free_port()
     config = tmp / f"{name}.toml"
     config.write_text(head_toml(**head) + f"""
@@ -134,7 +135,7 @@ name = "{name}"
 endpoint = "inproc://duet-http-{name}-{port}"
 http = "127.0.0.1:{port}"
 """ + actors_toml())
-    return Server(["up", "--config", str(config), "--api-key", API_KEY], port, tmp / "duet.log")
+    return Server(["up", "--config", str(config), "--api-key", API_KEY], port, tmp / "duet.log", env=env)
 
 
 @pytest.fixture(scope="module")
@@ -603,6 +604,26 @@ role = "prefill"
 name = "decode0"
 role = "decode"
 """
+
+
+def test_a_router_late_to_answer_counter_polls_is_slow_not_gone(tmp_path):
+    """The front end polls the router's counters every 250 ms and waits 200 ms for them. A
+    router busy past that (the end of a burst, on the H200) missed a poll, and until the next
+    one every request got 503. Here half its replies arrive 1 s late: /health stays 200 and
+    requests are served, since readiness lasts 3 s from the router's last answer."""
+    s = one_node_server(tmp_path, "slowstats", env={"DUET_TRANSPORT_FAULT": "delay:stats_reply:1000ms:0.5"})
+    try:
+        s.wait_healthy()
+        statuses = []
+        for _ in range(60):  # 3 s: several polls with no answer in their wait
+            statuses.append(httpx.get(s.base + "/health", timeout=5).status_code)
+            time.sleep(0.05)
+        assert statuses == [200] * 60, statuses
+        c = openai.OpenAI(base_url=s.base + "/v1", api_key=API_KEY, max_retries=0, timeout=30)
+        assert c.completions.create(model=MODEL, prompt="late", max_tokens=4).usage.completion_tokens == 4
+        assert "transport fault: delayed stats_reply" in s.output()
+    finally:
+        s.stop()
 
 
 def test_node_without_workers_answers_503_and_health_503(tmp_path):
