@@ -83,7 +83,10 @@ cost_model::prefill_compute cost_model::prefill_compute_parts(uint64_t chunk_tok
   const double linear = 2.0 * double(shape_.linear_params()) * tokens;
   const double per_pair = 4.0 * shape_.layers * shape_.heads * shape_.head_dim;
   const double keys_per_query = tokens > 0 ? attention_flops / (per_pair * tokens) : 0.0;
-  const double peak = gpu_.bf16_flops * sm_share_;
+  // On a green context a prefill step reaches less than its share of the GPU's peak: the SM
+  // count is rounded to the partition's steps, and the other side's bandwidth is taken from it.
+  const double split = sm_share_ < 1.0 ? cal.split_compute.at(sm_share_, 1.0) : 1.0;
+  const double peak = gpu_.bf16_flops * sm_share_ * split;
   prefill_compute out;
   out.gemm_efficiency = cal.gemm.at(tokens, gpu_.gemm_efficiency);
   out.attention_efficiency = cal.attention.at(keys_per_query, gpu_.gemm_efficiency);

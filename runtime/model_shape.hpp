@@ -57,6 +57,9 @@ struct gpu_calibration {
   efficiency_curve split_kv_bandwidth;  // x: SM share (< 1); the same for a decode step's KV
                                         // reads (its attention kernels), relative to what they
                                         // reach on the whole GPU; empty = split_bandwidth's
+  efficiency_curve split_compute;  // x: SM share (< 1); fraction of the share's peak FLOP/s that a
+                                   // prefill step on it reaches, relative to the whole GPU's
+                                   // gemm / attention fractions (empty: 1)
   std::optional<double> step_overhead_s;
   std::optional<double> decode_sequence_overhead_s;  // host work per sequence per decode step
   // Engines of one GPU on streams of their own (event_sim): a step starting while the other

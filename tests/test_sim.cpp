@@ -351,6 +351,20 @@ TEST_CASE(
         1.05 * (weight_bytes + kv_bytes) / (4.0e12 * 0.5 * 0.6));
   CHECK(kv_whole.decode_seconds(8, 8 * 1024) - h20.step_overhead_s ==
         Approx((weight_bytes + kv_bytes) / (4.0e12 * 0.5)).epsilon(1e-9));
+  // split_compute: a prefill step on a share reaches that fraction of the share's peak (its GEMM
+  // and attention time both divided by it; compute bound here), the whole GPU is unaffected.
+  std::ofstream(dir / "split_compute.toml")
+      << "gemm = [[1, 0.5]]\nattention = [[1, 0.4]]\nstep_overhead_s = 0\n"
+         "split_compute = [[0.5, 0.8], [1.0, 1.0]]\n";
+  auto compute_gpu = h20;
+  compute_gpu.calibration = load_gpu_calibration(dir / "split_compute.toml");
+  const cost_model c_half(shape, compute_gpu, 0.5), c_whole(shape, compute_gpu, 1.0);
+  const double c_attention = c_whole.chunk_attention_flops(4096, 0);
+  const double c_linear = 2.0 * double(shape.linear_params()) * 4096;
+  CHECK(c_half.prefill_seconds(4096, c_attention) ==
+        Approx((c_linear / 0.5 + c_attention / 0.4) / (h20.bf16_flops * 0.5 * 0.8)).epsilon(1e-9));
+  CHECK(c_whole.prefill_seconds(4096, c_attention) ==
+        Approx((c_linear / 0.5 + c_attention / 0.4) / h20.bf16_flops).epsilon(1e-9));
   std::ofstream(dir / "kv_share_above_one.toml") << "split_kv_bandwidth = [[0.5, 0.3], [1.5, 1.0]]\n";
   CHECK(contains(error_of<gpu_catalog_error>(
                      [&] { (void)load_gpu_calibration(dir / "kv_share_above_one.toml"); }),
