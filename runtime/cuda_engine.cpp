@@ -1321,7 +1321,10 @@ struct cuda_engine::read_staging {
   }
   ~read_staging() {
     for (int i = 0; i < 2; ++i) {
-      if (filled[i]) cudaEventSynchronize(filled[i]), cudaEventDestroy(filled[i]);
+      if (filled[i]) {
+        cudaEventSynchronize(filled[i]);
+        cudaEventDestroy(filled[i]);
+      }
       if (buffer[i]) cudaFreeHost(buffer[i]);
     }
   }

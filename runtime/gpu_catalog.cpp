@@ -83,24 +83,12 @@ efficiency_curve curve(const std::filesystem::path& file, const toml::node& node
 
 gpu_calibration calibration_from(const toml::table& root, const std::filesystem::path& file,
                                  std::string_view expected_gpu) {
-  static const std::set<std::string, std::less<>> keys = {"gpu",
-                                                          "measured",
-                                                          "source",
-                                                          "step_overhead_s",
-                                                          "decode_sequence_overhead_s",
-                                                          "gemm",
-                                                          "attention",
-                                                          "memory",
-                                                          "split_bandwidth",
-                                                          "split_kv_bandwidth",
-                                                          "split_compute",
-                                                          "concurrent_decode_slowdown",
-                                                          "concurrent_prefill_slowdown",
-                                                          "concurrent_decode_delay_s",
-                                                          "concurrent_decode_tile_keys",
-                                                          "concurrent_prefill_yield",
-                                                          "concurrent_prefill_attention_yield",
-                                                          "shared_prefill_delay_s"};
+  static const std::set<std::string, std::less<>> keys = {
+      "gpu", "measured", "source", "step_overhead_s", "decode_sequence_overhead_s",
+      "gemm", "attention", "memory", "split_bandwidth", "split_kv_bandwidth", "split_compute",
+      "concurrent_decode_slowdown",
+      "concurrent_prefill_slowdown", "concurrent_decode_delay_s", "concurrent_decode_tile_keys",
+      "concurrent_prefill_yield", "concurrent_prefill_attention_yield", "shared_prefill_delay_s"};
   gpu_calibration cal;
   cal.source = file.string();
   for (const auto& [k, v] : root) {

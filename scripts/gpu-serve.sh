@@ -116,7 +116,9 @@ if has build; then
     { grep -B2 -A8 -E 'error|FAILED' "$OUT/build.log" | head -80; exit 1; }
   echo "--- built in ${SECONDS}s"
 fi
-if has ckpt && [ ! -f "$CKPT/config.json" ]; then
+# tokenizer.json too: scripts/gpu-check.sh writes a checkpoint without one (cuda_e2e), and the
+# HTTP front end needs it.
+if has ckpt && { [ ! -f "$CKPT/config.json" ] || [ ! -f "$CKPT/tokenizer.json" ]; }; then
   echo "=== checkpoint ($(date +%T))"
   t0=$SECONDS
   "$BUILD/duet" model random --preset r1-distill-llama-8b --out "$CKPT" >/dev/null || exit 1
