@@ -19,7 +19,7 @@ for R1-Distill-Llama-8B on one GPU:
   step_overhead_s is kept from --serving (else 60 us).
 Several JSONs merge (later ones win: kernels by name, prefill rows by length, decode rows by
 batch and context), so a --prefill-only run adds its rows to a full one.
-Keys only serving runs can measure (split_bandwidth, split_kv_bandwidth, decode_sequence_overhead_s,
+Keys only serving runs can measure (split_bandwidth, split_kv_bandwidth, split_compute, decode_sequence_overhead_s,
 concurrent_*, shared_prefill_delay_s) are copied from --serving, a calibration file fitted on
 them.
 """
@@ -39,7 +39,7 @@ SHAPE_PARAMS = {"qkv": HIDDEN * (Q + 2 * KV), "o": Q * HIDDEN, "gate_up": HIDDEN
 LINEAR_PARAMS = L * sum(SHAPE_PARAMS.values()) + VOCAB * HIDDEN  # + LM head
 WEIGHT_BYTES = 2 * (LINEAR_PARAMS + VOCAB * HIDDEN)               # + untied embedding
 KV_BYTES_PER_TOKEN = 2 * L * KV * 2
-SERVING_KEYS = ("step_overhead_s", "decode_sequence_overhead_s", "split_bandwidth", "split_kv_bandwidth",
+SERVING_KEYS = ("step_overhead_s", "decode_sequence_overhead_s", "split_bandwidth", "split_kv_bandwidth", "split_compute",
                 "concurrent_decode_slowdown", "concurrent_prefill_slowdown",
                 "concurrent_decode_delay_s", "concurrent_decode_tile_keys", "concurrent_prefill_yield",
                 "concurrent_prefill_attention_yield", "shared_prefill_delay_s")
