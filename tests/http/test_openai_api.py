@@ -614,6 +614,9 @@ def test_a_router_late_to_answer_counter_polls_is_slow_not_gone(tmp_path):
     s = one_node_server(tmp_path, "slowstats", env={"DUET_TRANSPORT_FAULT": "delay:stats_reply:1000ms:0.5"})
     try:
         s.wait_healthy()
+        # The hook's delays reorder replies (a ZeroMQ connection does not): a reply from before
+        # the workers were up may land up to 1 s after a newer one. Let those pass first.
+        time.sleep(1.5)
         statuses = []
         for _ in range(60):  # 3 s: several polls with no answer in their wait
             statuses.append(httpx.get(s.base + "/health", timeout=5).status_code)
