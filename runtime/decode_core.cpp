@@ -213,7 +213,9 @@ void decode_core::on_early_chunk(const msg::envelope& env, const msg::kv_chunk& 
     ++counters_["stale_chunks"];
     return;
   }
+  const uint64_t started_us = kv_stream_clock_us();
   const auto status = e.receiver.on_chunk(engine_, e.blocks, m);
+  counters_["stream_write_us"] += kv_stream_clock_us() - started_us;
   if (status == kv_stream_receiver::status::gap) {
     ++counters_["stream_gaps"];  // a chunk before it was lost: ack what we have, the owner resends
     out_.send(env.src, msg::kv_chunk_ack{m.handle_id, e.receiver.received(), true});
@@ -240,7 +242,9 @@ void decode_core::on_chunk(const msg::envelope& env, const msg::kv_chunk& m, int
     ++counters_["stale_chunks"];
     return;
   }
+  const uint64_t started_us = kv_stream_clock_us();
   const auto status = s->receiver.on_chunk(engine_, s->blocks, m);
+  counters_["stream_write_us"] += kv_stream_clock_us() - started_us;
   if (status == kv_stream_receiver::status::duplicate) {
     out_.send(env.src, msg::kv_chunk_ack{m.handle_id, s->receiver.received()});
     return;

@@ -1,12 +1,19 @@
 #include "runtime/kv_stream.hpp"
 
 #include <algorithm>
+#include <chrono>
 
 #include <xxhash.h>
 
 namespace duet {
 
 uint64_t kv_checksum(std::span<const std::byte> bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
+
+uint64_t kv_stream_clock_us() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
 
 kv_stream_sender::kv_stream_sender(const engine& engine, outbox& out, kv_stream_settings settings)
     : engine_(engine),
@@ -108,6 +115,7 @@ void kv_stream_sender::pump(uint64_t handle_id, stream& s) {
     chunk.total = total;
     chunk.layout_hash = engine_.info().layout_hash;
     chunk.bytes.resize(chunk.count * block_bytes);
+    const uint64_t started_us = kv_stream_clock_us();
     if (!engine_.read_blocks(std::span(s.blocks).subspan(chunk.first, chunk.count), chunk.bytes)) {
       // The adopter must not wait for the timeout: tell it now; it nacks, the broker releases.
       ++counters_["stream_read_failures"];
@@ -117,6 +125,7 @@ void kv_stream_sender::pump(uint64_t handle_id, stream& s) {
       return;
     }
     chunk.checksum = kv_checksum(chunk.bytes);
+    counters_["stream_read_us"] += kv_stream_clock_us() - started_us;
     s.sent += chunk.count;
     counters_["stream_bytes_sent"] += chunk.bytes.size();
     ++counters_["stream_chunks_sent"];

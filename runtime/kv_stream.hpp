@@ -25,6 +25,10 @@ struct kv_stream_settings {
 /// XXH3-64 of a chunk's bytes: catches corruption on the way at memory speed.
 [[nodiscard]] uint64_t kv_checksum(std::span<const std::byte> bytes);
 
+/// Microseconds on a steady clock: the stream counters add up where a transfer's time goes
+/// (stream_read_us: the owner's block reads and checksums; stream_write_us: the adopter's).
+[[nodiscard]] uint64_t kv_stream_clock_us();
+
 /// Owner side: streams the blocks of each handle to its adopter, `window` chunks ahead of
 /// the adopter's acks, so a slow receiver bounds the memory in flight.
 class kv_stream_sender {

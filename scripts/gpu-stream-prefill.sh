@@ -8,7 +8,9 @@
 # over ZeroMQ. Run after a build and the 8B checkpoint of scripts/gpu-check.sh, e.g.
 #   GPU_CHECK_STAGES=build,bench scripts/gpu-check.sh; scripts/gpu-stream-prefill.sh
 # Results in $OUT/stream-prefill.md; the nodes' logs and bench serve's reports stay in $WORK
-# (/tmp/duet-stream-prefill), since a device call brings back 8 files.
+# (/tmp/duet-stream-prefill), since a device call brings back 8 files. STREAM_CHUNK_BYTES sets
+# [broker] stream_chunk_bytes (default 4 MiB); the nodes' stream_read_us / stream_write_us
+# counters (printed per mode) say how long the owner's reads and the adopter's writes took.
 set -u
 export OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -43,6 +45,7 @@ kind = "cuda"
 [broker]
 transfer = "stream"
 stream_prefill = "$mode"
+stream_chunk_bytes = ${STREAM_CHUNK_BYTES:-4194304}
 lease_ms = 60000
 transfer_timeout_ms = 60000
 [router]
@@ -80,7 +83,7 @@ EOF
   timeout -k 10 300 "$BUILD/duet" bench serve --config "$cfg" --trace "$trace" --wait 180 --time-limit 150 \
     --name "$mode" --out "$WORK/sp-$mode" >"$WORK/sp-$mode.bench.log" 2>&1
   echo "--- stream_prefill $mode: bench exit $? ($(date +%T))"
-  timeout 20 "$BUILD/duet" stats --config "$cfg" 2>/dev/null | grep -E "stream_bytes|transfers_|chunks|expired" | head -8
+  timeout 20 "$BUILD/duet" stats --config "$cfg" 2>/dev/null | grep -E "stream_bytes|stream_(read|write)_us|transfers_|chunks|expired" | head -12
   kill -TERM $p $d 2>/dev/null
   sleep 3
   kill -KILL $p $d 2>/dev/null

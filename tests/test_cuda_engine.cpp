@@ -257,6 +257,47 @@ TEST_CASE("read_blocks returns every block's bytes in the order asked, over many
   CHECK_FALSE(e.read_blocks(std::vector<uint32_t>{n}, std::span(out).first(block_bytes)));
 }
 
+TEST_CASE("write_blocks puts every block's bytes where asked, runs and repeats included") {
+  DUET_REQUIRE_GPU();
+  const auto dir = checkpoint("llama");
+  cuda_engine_params gp;
+  gp.kv_blocks = 4096;
+  gp.max_batch = 4;
+  cuda_engine e(dir, gp);
+  const uint64_t block_bytes = e.info().block_bytes;
+  const uint32_t n = e.info().kv_blocks;
+  std::vector<uint32_t> all(n);
+  std::iota(all.begin(), all.end(), 0u);
+  std::vector<std::byte> expected(uint64_t{n} * block_bytes, std::byte{0x5C});
+  REQUIRE(e.write_blocks(all, expected));
+  // Runs of consecutive ids between single blocks out of order, more than 16 MiB in all.
+  std::vector<uint32_t> put;
+  for (uint32_t i = 0; i + 64 < n; i += 61) {
+    for (uint32_t j = 0; j < 33; ++j) put.push_back(i + 3 + j);
+    put.push_back(n - 1 - i);  // may repeat an id of a run: the later write must win
+  }
+  REQUIRE(put.size() * block_bytes > 2 * (8ull << 20));
+  std::vector<std::byte> in(put.size() * block_bytes);
+  std::mt19937 rng(13);
+  for (auto& b : in) b = static_cast<std::byte>(rng());
+  REQUIRE(e.write_blocks(put, in));
+  for (std::size_t i = 0; i < put.size(); ++i) {
+    std::copy(in.begin() + i * block_bytes, in.begin() + (i + 1) * block_bytes,
+              expected.begin() + uint64_t{put[i]} * block_bytes);
+  }
+  // Read back in id order: one run, so the read cannot share a mapping mistake with the write.
+  std::vector<std::byte> pool(expected.size(), std::byte{0xAB});
+  REQUIRE(e.read_blocks(all, pool));
+  for (uint32_t b = 0; b < n; ++b) {
+    INFO("block " << b);
+    REQUIRE(std::equal(pool.begin() + uint64_t{b} * block_bytes,
+                       pool.begin() + uint64_t{b + 1} * block_bytes,
+                       expected.begin() + uint64_t{b} * block_bytes));
+  }
+  CHECK_FALSE(e.write_blocks(std::vector<uint32_t>{n}, std::span(in).first(block_bytes)));
+  CHECK_FALSE(e.write_blocks(put, std::span(in).first(block_bytes)));
+}
+
 TEST_CASE("sampling on the GPU is seeded, and penalties are applied by the host sampler") {
   DUET_REQUIRE_GPU();
   const auto dir = checkpoint("llama");
