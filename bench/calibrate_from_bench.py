@@ -41,7 +41,8 @@ WEIGHT_BYTES = 2 * (LINEAR_PARAMS + VOCAB * HIDDEN)               # + untied emb
 KV_BYTES_PER_TOKEN = 2 * L * KV * 2
 SERVING_KEYS = ("step_overhead_s", "decode_sequence_overhead_s", "split_bandwidth", "split_kv_bandwidth", "split_compute",
                 "concurrent_decode_slowdown", "concurrent_prefill_slowdown",
-                "concurrent_decode_delay_s", "concurrent_decode_tile_keys", "concurrent_prefill_yield",
+                "concurrent_decode_delay_s", "concurrent_decode_tile_keys", "concurrent_decode_delay_by_overlap",
+                "concurrent_prefill_yield",
                 "concurrent_prefill_attention_yield", "shared_prefill_delay_s")
 
 
@@ -123,6 +124,15 @@ def memory_curve(decode_rows, bandwidth, overhead_s, excluded):
     return [[b, min(1.0, sum(f) / len(f))] for b, f in sorted(by_bytes.items())]
 
 
+def toml_value(value):
+    """A serving key's value as TOML: a curve, a flag or a number."""
+    if isinstance(value, list):
+        return toml_curve(value, '{:g}')
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return format(value, 'g')
+
+
 def toml_curve(points, x_format):
     return "[" + ", ".join(f"[{x_format.format(x)}, {f:.3f}]" for x, f in points) + "]"
 
@@ -182,8 +192,7 @@ def main():
         print(f"# Fitted on serving runs (copied from {a.serving}):")
     for key in SERVING_KEYS:
         if key in serving:
-            value = serving[key]
-            print(f"{key} = {toml_curve(value, '{:g}') if isinstance(value, list) else format(value, 'g')}")
+            print(f"{key} = {toml_value(serving[key])}")
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
       "gemm", "attention", "memory", "split_bandwidth", "split_kv_bandwidth", "split_compute",
       "concurrent_decode_slowdown",
       "concurrent_prefill_slowdown", "concurrent_decode_delay_s", "concurrent_decode_tile_keys",
-      "concurrent_prefill_yield", "concurrent_prefill_attention_yield", "shared_prefill_delay_s"};
+      "concurrent_decode_delay_by_overlap", "concurrent_prefill_yield", "concurrent_prefill_attention_yield", "shared_prefill_delay_s"};
   gpu_calibration cal;
   cal.source = file.string();
   for (const auto& [k, v] : root) {
@@ -128,6 +128,11 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
     cal.concurrent_decode_delay_s = number(file, *n, "concurrent_decode_delay_s", false);
   if (const auto* n = root.get("concurrent_decode_tile_keys"))
     cal.concurrent_decode_tile_keys = number(file, *n, "concurrent_decode_tile_keys", true);
+  if (const auto* n = root.get("concurrent_decode_delay_by_overlap")) {
+    const auto* flag = n->as_boolean();
+    if (!flag) fail(file, n, "concurrent_decode_delay_by_overlap", "must be true or false");
+    cal.concurrent_decode_delay_by_overlap = flag->get();
+  }
   if (const auto* n = root.get("concurrent_prefill_yield"))
     cal.concurrent_prefill_yield = fraction(file, *n, "concurrent_prefill_yield");
   if (const auto* n = root.get("concurrent_prefill_attention_yield"))

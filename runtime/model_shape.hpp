@@ -76,6 +76,10 @@ struct gpu_calibration {
   // a GEMM tile's FLOPs). event_sim weights the two by the chunk's modelled GEMM and attention
   // time (docs/sim.md, "Engines on streams of their own").
   std::optional<double> concurrent_decode_tile_keys;
+  // With this true, a decode step waits out that delay only for the part of it the prefill step
+  // in flight overlaps: a chunk ending a third of the way into the step (delay included)
+  // delays it by a third of the delay (event_sim, docs/sim.md).
+  std::optional<bool> concurrent_decode_delay_by_overlap;
   // ... and a prefill step in flight loses this fraction of every decode step that starts
   // during it (the decode stream has the higher priority: its kernels get the SMs first).
   std::optional<double> concurrent_prefill_yield;

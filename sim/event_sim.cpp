@@ -859,7 +859,7 @@ class event_sim {
       const auto wait =
           u.prefill ? u.prefill->begin_step(now_ms()) : u.decode->begin_step(now_ms());
       if (!wait) return false;
-      const auto [stretch, delay_ns] = contention(u, tl);
+      const auto [stretch, delay_ns] = contention(u, tl, u.engine->last_modeled());
       tl.busy = true;
       tl.running = tl.units[pos];
       tl.last = pos;
@@ -891,18 +891,29 @@ class event_sim {
     }
   }
 
-  /// How much longer a step of `u` takes because another engine of its GPU is busy on its
-  /// own stream right now: a factor and an added delay in ns (1 and 0 when alone, or on a
-  /// timeline of its own SMs).
-  std::pair<double, int64_t> contention(const unit& u, const timeline& tl) const {
+  /// How much longer a step of `u` (modelled alone at `work_ns`) takes because another engine
+  /// of its GPU is busy on its own stream right now: a factor and an added delay in ns (1 and 0
+  /// when alone, or on a timeline of its own SMs).
+  std::pair<double, int64_t> contention(const unit& u, const timeline& tl, int64_t work_ns) const {
     if (!u.spec.own_stream || u.spec.sm_share < 1) return {1.0, 0};
     for (const auto& other : timelines_) {
       if (&other == &tl || other.gpu != tl.gpu || !other.busy) continue;
       const auto& cal = specs_[tl.gpu].calibration;
       if (!u.decode) return {cal.concurrent_prefill_slowdown.value_or(1.0), 0};
-      const double delay = cal.concurrent_decode_delay_s.value_or(0.0) *
-                           chunk_delay_factor(*units_[other.running], tl.gpu);
-      return {cal.concurrent_decode_slowdown.value_or(1.0), static_cast<int64_t>(delay * 1e9)};
+      const double stretch = cal.concurrent_decode_slowdown.value_or(1.0);
+      double delay = cal.concurrent_decode_delay_s.value_or(0.0) * 1e9 *
+                     chunk_delay_factor(*units_[other.running], tl.gpu);
+      if (cal.concurrent_decode_delay_by_overlap.value_or(false)) {
+        // The step's kernels wait behind the prefill blocks only while the prefill step runs:
+        // one that ends partway through this step delays it by that part of the delay.
+        // The prefill step's end as it will be once it has yielded to this step's work.
+        const double work = static_cast<double>(work_ns) * stretch;
+        const double whole = work + delay;
+        const double left = static_cast<double>(std::max<int64_t>(other.step_end - now_, 0)) +
+                            decode_yield(u, tl.gpu) * work;
+        if (whole > 0) delay *= std::min(1.0, left / whole);
+      }
+      return {stretch, static_cast<int64_t>(delay)};
     }
     return {1.0, 0};
   }
