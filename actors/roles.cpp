@@ -355,7 +355,8 @@ duet_actor::behavior_type worker_behavior(duet_actor::stateful_pointer<Role> sel
         auto& net = *self->state.context.net;
         const int64_t now = unix_ms();
         const int64_t received = in.received_ms > 0 ? std::min(in.received_ms, now) : now;
-        auto outcome = msg::dispatch(in.env, in.frames, [&](const msg::envelope& env, auto& m) {
+        // The frames are given up: a KV chunk's bytes move into the message, uncopied.
+        auto outcome = msg::dispatch(in.env, std::move(in.frames), [&](const msg::envelope& env, auto& m) {
           using M = std::decay_t<decltype(m)>;
           if constexpr (std::is_same_v<M, msg::stats_request>) {
             reply_stats(net, core.out(), env, Role::role, core.pool().free_blocks(), core.pool().total_blocks(),

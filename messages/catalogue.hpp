@@ -441,7 +441,7 @@ struct kv_chunk {
   uint32_t total = 0;  // blocks in the whole handle
   uint64_t layout_hash = 0;
   uint64_t checksum = 0;
-  std::vector<std::byte> bytes;  // raw frame
+  std::string bytes;  // raw frame, held as one (msg::frame): it moves in and out of the frames
   MSGPACK_DEFINE_MAP(handle_id, first, count, total, layout_hash, checksum);
   auto raw() { return std::tie(bytes); }
   friend bool operator==(const kv_chunk&, const kv_chunk&) = default;

@@ -8,6 +8,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "messages/catalogue.hpp"
@@ -48,6 +49,9 @@ frame raw_frame(const std::vector<T>& values) {
   if (!values.empty()) std::memcpy(out.data(), values.data(), out.size());
   return out;
 }
+// A raw array held as a frame (bytes: KV chunks) is the frame itself, moved where it can be.
+inline frame raw_frame(const frame& bytes) { return bytes; }
+inline frame raw_frame(frame&& bytes) { return std::move(bytes); }
 
 /// After a map failed to convert into T: names the first field whose value alone fails.
 /// Unknown keys never fail (they are skipped), so the name is always one of T's fields.
@@ -77,31 +81,62 @@ bool read_raw_frame(const frame& bytes, std::vector<T>& out) {
   if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
   return true;
 }
-}  // namespace detail
+template <class T>
+bool read_raw_frame(frame&& bytes, std::vector<T>& out) {
+  return read_raw_frame(static_cast<const frame&>(bytes), out);
+}
+inline bool read_raw_frame(const frame& bytes, frame& out) {
+  out = bytes;
+  return true;
+}
+inline bool read_raw_frame(frame&& bytes, frame& out) {
+  out = std::move(bytes);
+  return true;
+}
 
-/// Encodes a message with its envelope; sets env.type from the message type.
 template <class M>
-[[nodiscard]] frames encode(envelope env, const M& message) {
+void encode_head(envelope& env, const M& message, frames& out) {
   env.type = static_cast<uint16_t>(M::id);
-  frames out;
   msgpack::sbuffer buffer;
   msgpack::pack(buffer, env);
   out.emplace_back(buffer.data(), buffer.size());
   buffer.clear();
   msgpack::pack(buffer, message);
   out.emplace_back(buffer.data(), buffer.size());
+}
+}  // namespace detail
+
+/// Encodes a message with its envelope; sets env.type from the message type.
+template <class M>
+[[nodiscard]] frames encode(envelope env, const M& message) {
+  frames out;
+  detail::encode_head(env, message, out);
   // raw() hands out references for reading only; it is non-const because std::tie is.
   auto arrays = const_cast<M&>(message).raw();
-  std::apply([&](auto&... array) { (out.push_back(detail::raw_frame(array)), ...); }, arrays);
+  std::apply([&](const auto&... array) { (out.push_back(detail::raw_frame(array)), ...); }, arrays);
+  return out;
+}
+
+/// The same for a message given up by the caller: raw arrays held as frames (a KV chunk's
+/// bytes) move into the frames instead of being copied.
+template <class M>
+  requires(!std::is_lvalue_reference_v<M>)
+[[nodiscard]] frames encode(envelope env, M&& message) {
+  frames out;
+  detail::encode_head(env, message, out);
+  std::apply([&](auto&... array) { (out.push_back(detail::raw_frame(std::move(array))), ...); },
+             message.raw());
   return out;
 }
 
 /// Decodes and checks the envelope (frame 0) and the frame count.
 [[nodiscard]] result<envelope> decode_envelope(const frames& in, const codec_limits& limits = {});
 
-/// Decodes the body and raw frames as message type M (the caller checked the type id).
-template <class M>
-[[nodiscard]] result<M> decode_body(const frames& in, const codec_limits& limits = {}) {
+/// Decodes the body and raw frames as message type M (the caller checked the type id). From
+/// frames given up by the caller (an rvalue), raw arrays held as frames take theirs over.
+template <class M, class Frames>
+  requires std::is_same_v<std::remove_cvref_t<Frames>, frames>
+[[nodiscard]] result<M> decode_body(Frames&& in, const codec_limits& limits = {}) {
   M message;
   constexpr std::size_t raw_count = std::tuple_size_v<decltype(message.raw())>;
   if (in.size() != 2 + raw_count) {
@@ -129,7 +164,14 @@ template <class M>
   }
   std::size_t index = 2;
   bool raw_ok = true;
-  std::apply([&](auto&... array) { ((raw_ok = raw_ok && detail::read_raw_frame(in[index++], array)), ...); },
+  auto take = [&](std::size_t i) -> decltype(auto) {  // frame i, moved out of frames given up
+    if constexpr (std::is_rvalue_reference_v<Frames&&>) {
+      return std::move(in[i]);
+    } else {
+      return std::as_const(in[i]);
+    }
+  };
+  std::apply([&](auto&... array) { ((raw_ok = raw_ok && detail::read_raw_frame(take(index++), array)), ...); },
              message.raw());
   if (!raw_ok) return result<M>::failure(std::string(to_string(M::id)) + ": raw frame size is not a whole number of elements");
   return message;

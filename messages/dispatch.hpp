@@ -11,12 +11,12 @@ struct dispatch_outcome {
 };
 
 namespace detail {
-template <class Handler, class M, class... Ms>
-dispatch_outcome dispatch_as(const envelope& env, const frames& in, Handler& handler,
+template <class Handler, class Frames, class M, class... Ms>
+dispatch_outcome dispatch_as(const envelope& env, Frames&& in, Handler& handler,
                              const codec_limits& limits) {
   if (env.type == static_cast<uint16_t>(M::id)) {
     if constexpr (std::is_invocable_v<Handler&, const envelope&, M&>) {
-      auto body = decode_body<M>(in, limits);
+      auto body = decode_body<M>(std::forward<Frames>(in), limits);
       if (!body) return {dispatch_status::malformed, body.error()};
       handler(env, *body);
       return {dispatch_status::handled, {}};
@@ -25,24 +25,26 @@ dispatch_outcome dispatch_as(const envelope& env, const frames& in, Handler& han
     }
   }
   if constexpr (sizeof...(Ms) > 0) {
-    return dispatch_as<Handler, Ms...>(env, in, handler, limits);
+    return dispatch_as<Handler, Frames, Ms...>(env, std::forward<Frames>(in), handler, limits);
   } else {
     return {dispatch_status::unhandled, {}};
   }
 }
-template <class Handler, class... Ms>
-dispatch_outcome dispatch_list(const envelope& env, const frames& in, Handler& handler,
+template <class Handler, class Frames, class... Ms>
+dispatch_outcome dispatch_list(const envelope& env, Frames&& in, Handler& handler,
                                const codec_limits& limits, type_list<Ms...>) {
-  return dispatch_as<Handler, Ms...>(env, in, handler, limits);
+  return dispatch_as<Handler, Frames, Ms...>(env, std::forward<Frames>(in), handler, limits);
 }
 }  // namespace detail
 
 /// Decodes the body by the envelope's type id and calls handler(env, message) with the
-/// concrete struct, for the types the handler accepts. Never throws on bad input.
-template <class Handler>
-dispatch_outcome dispatch(const envelope& env, const frames& in, Handler&& handler,
+/// concrete struct, for the types the handler accepts. Never throws on bad input. Frames given
+/// up (std::move) let raw arrays held as frames (KV chunk bytes) move into the message.
+template <class Handler, class Frames>
+  requires std::is_same_v<std::remove_cvref_t<Frames>, frames>
+dispatch_outcome dispatch(const envelope& env, Frames&& in, Handler&& handler,
                           const codec_limits& limits = {}) {
-  return detail::dispatch_list(env, in, handler, limits, all_messages{});
+  return detail::dispatch_list(env, std::forward<Frames>(in), handler, limits, all_messages{});
 }
 
 }  // namespace duet::msg

@@ -116,7 +116,8 @@ void kv_stream_sender::pump(uint64_t handle_id, stream& s) {
     chunk.layout_hash = engine_.info().layout_hash;
     chunk.bytes.resize(chunk.count * block_bytes);
     const uint64_t started_us = kv_stream_clock_us();
-    if (!engine_.read_blocks(std::span(s.blocks).subspan(chunk.first, chunk.count), chunk.bytes)) {
+    if (!engine_.read_blocks(std::span(s.blocks).subspan(chunk.first, chunk.count),
+                             std::as_writable_bytes(std::span(chunk.bytes)))) {
       // The adopter must not wait for the timeout: tell it now; it nacks, the broker releases.
       ++counters_["stream_read_failures"];
       out_.send(s.to, msg::kv_moved_failure(handle_id, msg::kv_path::tcp, msg::error_code::internal,
@@ -124,12 +125,12 @@ void kv_stream_sender::pump(uint64_t handle_id, stream& s) {
       streams_.erase(handle_id);
       return;
     }
-    chunk.checksum = kv_checksum(chunk.bytes);
+    chunk.checksum = kv_checksum(std::as_bytes(std::span(chunk.bytes)));
     counters_["stream_read_us"] += kv_stream_clock_us() - started_us;
     s.sent += chunk.count;
     counters_["stream_bytes_sent"] += chunk.bytes.size();
     ++counters_["stream_chunks_sent"];
-    out_.send(s.to, chunk);
+    out_.send(s.to, std::move(chunk));  // its bytes become the message's raw frame, uncopied
   }
 }
 
@@ -158,8 +159,9 @@ kv_stream_receiver::status kv_stream_receiver::on_chunk(engine& engine, std::spa
   }
   if (received_ > 0 && m.total != total_) return fail("KV chunks disagree on the handle's block count");
   if (m.bytes.size() != uint64_t{m.count} * info.block_bytes) return fail("KV chunk size is not count x block bytes");
-  if (kv_checksum(m.bytes) != m.checksum) return fail("KV chunk checksum mismatch (corrupted on the way)");
-  if (!engine.write_blocks(dest.subspan(m.first, m.count), m.bytes)) return fail("KV chunk could not be written");
+  const auto bytes = std::as_bytes(std::span(m.bytes));
+  if (kv_checksum(bytes) != m.checksum) return fail("KV chunk checksum mismatch (corrupted on the way)");
+  if (!engine.write_blocks(dest.subspan(m.first, m.count), bytes)) return fail("KV chunk could not be written");
   total_ = m.total;
   received_ += m.count;
   bytes_ += m.bytes.size();

@@ -19,14 +19,15 @@ class outbox {
  public:
   explicit outbox(std::string self) : self_(std::move(self)) {}
 
+  /// A message given up (std::move) lends its raw arrays held as frames to the frames.
   template <class M>
-  void send(const std::string& dst, const M& message, int64_t deadline_ms = 0, uint64_t correlation = 0) {
+  void send(const std::string& dst, M&& message, int64_t deadline_ms = 0, uint64_t correlation = 0) {
     msg::envelope env;
     env.src = self_;
     env.dst = dst;
     env.deadline_ms = deadline_ms;
     env.correlation = correlation;
-    items_.push_back({dst, msg::encode(env, message)});
+    items_.push_back({dst, msg::encode(env, std::forward<M>(message))});
   }
   [[nodiscard]] std::vector<outgoing> take() { return std::exchange(items_, {}); }
   [[nodiscard]] const std::vector<outgoing>& pending() const { return items_; }

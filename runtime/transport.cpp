@@ -439,13 +439,30 @@ void transport::drain_outbound(zmq::socket_t& router) {
   for (auto& message : batch) route(router, message);
 }
 
+namespace {
+
+/// Frames from this size up leave without a copy (KV chunks: megabytes each).
+constexpr std::size_t zero_copy_frame_bytes = 64 * 1024;
+
+/// A zmq message of `frame`: a small one copies it; a large one takes it over, sent from its
+/// own bytes by zmq's I/O thread and freed there once sent (or when the send fails).
+zmq::message_t frame_message(std::string& frame) {
+  if (frame.size() < zero_copy_frame_bytes) return zmq::message_t(frame.data(), frame.size());
+  auto* owned = new std::string(std::move(frame));
+  return zmq::message_t(
+      owned->data(), owned->size(), [](void*, void* hint) { delete static_cast<std::string*>(hint); },
+      owned);
+}
+
+}  // namespace
+
 void transport::route(zmq::socket_t& router, outgoing& message) {
   const std::string node = message.dst.substr(0, message.dst.find('/'));
-  std::vector<zmq::const_buffer> parts;
+  std::vector<zmq::message_t> parts;
   parts.reserve(message.frames.size() + 1);
   try {
     if (auto peer = settings_.peers.find(node); peer != settings_.peers.end()) {
-      for (const auto& f : message.frames) parts.emplace_back(f.data(), f.size());
+      for (auto& f : message.frames) parts.push_back(frame_message(f));
       if (zmq::send_multipart(peer_socket(node, peer->second), parts, zmq::send_flags::dontwait)) {
         ++counters_.sent;
       } else {
@@ -459,7 +476,7 @@ void transport::route(zmq::socket_t& router, outgoing& message) {
     }
     const std::string identity = client_identity(message.dst.substr(message.dst.find('/') + 1));
     parts.emplace_back(identity.data(), identity.size());
-    for (const auto& f : message.frames) parts.emplace_back(f.data(), f.size());
+    for (auto& f : message.frames) parts.push_back(frame_message(f));
     if (zmq::send_multipart(router, parts, zmq::send_flags::dontwait)) {
       ++counters_.sent;
     } else {

@@ -176,7 +176,7 @@ inline kv_chunk sample(tag<kv_chunk>) {
           .total = 9,
           .layout_hash = 0xfeedface,
           .checksum = 0x0123456789abcdefull,
-          .bytes = {std::byte{1}, std::byte{2}, std::byte{255}}};
+          .bytes = std::string("\x01\x02\xff", 3)};
 }
 inline kv_chunk_ack sample(tag<kv_chunk_ack>) { return {.handle_id = 9014, .received = 6, .resend = true}; }
 inline load_report sample(tag<load_report>) {

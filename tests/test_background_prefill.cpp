@@ -212,7 +212,7 @@ TEST_CASE(
   CHECK(reg[0].body.block_ids.size() == 313);
   // The bytes read during the step are the prompt's own blocks, 64 to 95, in order.
   for (uint32_t i = 0; i < 32; ++i) {
-    CHECK(std::to_integer<uint32_t>(during[0].body.bytes[i * block_bytes]) ==
+    CHECK(static_cast<uint8_t>(during[0].body.bytes[i * block_bytes]) ==
           (reg[0].body.block_ids[64 + i] & 0xff));
   }
   CHECK(reg[1].body.handle.handle_id == 3);

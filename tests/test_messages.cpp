@@ -331,6 +331,32 @@ TEST_CASE("empty raw arrays travel as empty frames and decode as empty arrays") 
   CHECK(*body == msg::token_batch{});
 }
 
+TEST_CASE("a KV chunk's bytes move into the frames and back out, uncopied, when given up") {
+  msg::kv_chunk chunk = msg::samples::sample(msg::samples::tag<msg::kv_chunk>{});
+  chunk.bytes.assign(1 << 20, '\x5a');
+  const auto expected = chunk;
+  const char* bytes_at = chunk.bytes.data();
+  // Given up: the raw frame is the chunk's own buffer.
+  auto frames = msg::encode(msg::envelope{}, std::move(chunk));
+  REQUIRE(frames.size() == 3);
+  CHECK(frames[2].data() == bytes_at);
+  // Kept (an lvalue): copied, and the frames stay whole for another decode.
+  const auto copied = msg::decode_body<msg::kv_chunk>(frames);
+  REQUIRE(copied.ok());
+  CHECK(copied->bytes.data() != bytes_at);
+  CHECK(*copied == expected);
+  CHECK(frames[2].size() == expected.bytes.size());
+  // Given up: the message takes the frame's buffer.
+  const auto moved = msg::decode_body<msg::kv_chunk>(std::move(frames));
+  REQUIRE(moved.ok());
+  CHECK(moved->bytes.data() == bytes_at);
+  CHECK(*moved == expected);
+  // An lvalue message is copied: the caller keeps its bytes.
+  const auto again = msg::encode(msg::envelope{}, expected);
+  CHECK(again[2] == expected.bytes);
+  CHECK(expected.bytes.size() == std::size_t{1} << 20);
+}
+
 TEST_CASE("token_batch log-probabilities: entries without any read as none, and an older peer's empty body as none for all") {
   msg::token_batch batch;
   msg::token_batch_push(batch, 1, 10, 0);
