@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <ctime>
 #include <map>
 #include <memory>
@@ -496,7 +497,8 @@ class chunk_stream {
       chunk.first = i;
       chunk.count = 1;
       chunk.total = count;
-      chunk.bytes.assign(reinterpret_cast<const char*>(payload_.data()), payload_.size());  // as a read
+      chunk.bytes.resize(payload_.size());  // as the sender's read fills each chunk's fresh bytes
+      std::memcpy(chunk.bytes.data(), payload_.data(), payload_.size());
       chunk.checksum = kv_checksum(std::as_bytes(std::span(chunk.bytes)));
       msg::envelope env;
       env.src = "s/prefill0";
