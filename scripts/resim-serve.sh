@@ -6,7 +6,8 @@
 # DATA: docs/data/h200-serve (the default; 11-29 runs), docs/data/h200-serve-2026-12-01b (the
 # 12-01 engine, with config/calibration-duet/h200-cuda-engine-2026-12-01.toml) or
 # docs/data/h200-serve-2026-12-02 (the wgmma prefill attention, with ...-2026-12-01c.toml);
-# docs/data/h200-serve-2026-12-02e and -02f with ...-2026-12-02e.toml.
+# docs/data/h200-serve-2026-12-02e and -02f with ...-2026-12-02e.toml (before), -02f.toml or
+# -2026-12-03.toml (the newest: the decode delay by overlap).
 set -eu
 cd "$(dirname "$0")/.."
 CAL=${1:-config/calibration-duet/h200-cuda-engine.toml}
@@ -19,6 +20,7 @@ for toml in "$DATA"/*.toml; do
   name=$(basename "$toml" .toml)
   case $name in  # the trace window and rate of each run (scripts/gpu-serve.sh)
     conv5-*) w="conv 0 300 5" ;;
+    conv45-*) w="conv 0 240 4.5" ;;
     conv4-*) w="conv 0 240 4" ;;
     conv3-*-42s) w="conv 0 126 3" ;;
     conv3-*) w="conv 0 180 3" ;;
