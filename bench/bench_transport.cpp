@@ -10,10 +10,16 @@
 //   kv_chunk_stream the stream path's transport part: kv_chunk messages of 4 or 16 MiB one
 //                  way, encoded and checksummed per message, 4 in flight, decoded and
 //                  checked on arrival (GB/s)
+//   kv_chunk_floor the same bytes in the same chunks through a bare socket of the same kind
+//                  (a Unix stream socket for ipc://, TCP on loopback for tcp://), filled by
+//                  memcpy as the stream's sender fills them, read whole by a second thread: the
+//                  kernel's part alone, the floor the stream's GB/s is a ratio to
+//   kv_checksum    kv_checksum (XXH3) over one chunk, which both ends of the stream compute
 // Latencies are reported as percentiles of every round trip of a run (counters p50_us,
 // p90_us, p99_us); run with --benchmark_repetitions to see the spread between runs.
 #include <benchmark/benchmark.h>
 #include <linux/futex.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -548,6 +554,105 @@ void BM_kv_chunk_stream(benchmark::State& state) {
   if (seconds > 0) state.counters["GB_per_s"] = static_cast<double>(bytes) / seconds / 1e9;
 }
 
+/// A connected pair of stream sockets: a Unix socket pair (ipc:// is a Unix stream socket) or
+/// TCP on 127.0.0.1. Throws when the kernel refuses one.
+std::pair<int, int> socket_pair(endpoint_kind kind) {
+  if (kind == endpoint_kind::ipc) {
+    int fds[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) throw std::runtime_error("socketpair failed");
+    return {fds[0], fds[1]};
+  }
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (listener < 0 || ::bind(listener, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      ::listen(listener, 1) != 0 || ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+    throw std::runtime_error("loopback listener failed");
+  const int writer = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (writer < 0 || ::connect(writer, reinterpret_cast<sockaddr*>(&addr), len) != 0)
+    throw std::runtime_error("loopback connect failed");
+  const int reader = ::accept(listener, nullptr, nullptr);
+  ::close(listener);
+  if (reader < 0) throw std::runtime_error("loopback accept failed");
+  return {writer, reader};
+}
+
+/// Seconds to write `count` chunks of `source`'s size through `writer` (each first copied into
+/// a fresh buffer, as the stream's sender fills a chunk) while a thread reads them from
+/// `reader`; negative when a byte went missing.
+double raw_socket_run(int writer, int reader, const std::vector<std::byte>& source, uint32_t count) {
+  const uint64_t total = uint64_t{count} * source.size();
+  uint64_t received = 0;
+  std::thread drain([&] {
+    std::vector<std::byte> sink(source.size());
+    while (received < total) {
+      const ssize_t n = ::read(reader, sink.data(), std::min<uint64_t>(sink.size(), total - received));
+      if (n <= 0) return;
+      received += static_cast<uint64_t>(n);
+    }
+  });
+  const auto start = clock_type::now();
+  std::vector<std::byte> chunk(source.size());
+  bool ok = true;
+  for (uint32_t i = 0; i < count && ok; ++i) {
+    std::memcpy(chunk.data(), source.data(), source.size());
+    for (std::size_t sent = 0; sent < chunk.size();) {
+      const ssize_t n = ::write(writer, chunk.data() + sent, chunk.size() - sent);
+      if (n <= 0) {
+        ok = false;
+        break;
+      }
+      sent += static_cast<std::size_t>(n);
+    }
+  }
+  if (!ok) ::shutdown(writer, SHUT_RDWR);
+  drain.join();
+  const double seconds = std::chrono::duration<double>(clock_type::now() - start).count();
+  return ok && received == total ? seconds : -1;
+}
+
+/// Args: endpoint kind (1 ipc, 2 tcp), chunk MiB. The floor of BM_kv_chunk_stream with the
+/// same args: the same bytes per iteration through the bare socket.
+void BM_kv_chunk_floor(benchmark::State& state) {
+  const auto kind = static_cast<endpoint_kind>(state.range(0));
+  const auto chunk_bytes = static_cast<std::size_t>(state.range(1)) << 20;
+  state.SetLabel(std::string(kind == endpoint_kind::ipc ? "unix socket" : "tcp socket") + " " +
+                 std::to_string(state.range(1)) + " MiB chunks");
+  std::vector<std::byte> source(chunk_bytes);
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (auto& b : source) b = static_cast<std::byte>((x = x * 6364136223846793005ull + 1) >> 56);
+  const auto [writer, reader] = socket_pair(kind);
+  const auto per_iteration = static_cast<uint32_t>((256ull << 20) / chunk_bytes);  // 256 MiB
+  double seconds = 0;
+  uint64_t bytes = 0;
+  if (raw_socket_run(writer, reader, source, 2) < 0) state.SkipWithError("warm-up bytes were lost");
+  for (auto _ : state) {
+    const double s = raw_socket_run(writer, reader, source, per_iteration);
+    if (s < 0) {
+      state.SkipWithError("bytes were lost");
+      break;
+    }
+    state.SetIterationTime(s);
+    seconds += s;
+    bytes += uint64_t{per_iteration} * chunk_bytes;
+  }
+  ::close(writer);
+  ::close(reader);
+  state.SetBytesProcessed(static_cast<int64_t>(bytes));
+  if (seconds > 0) state.counters["GB_per_s"] = static_cast<double>(bytes) / seconds / 1e9;
+}
+
+/// Arg: chunk MiB. kv_checksum over one chunk (both ends of the stream compute it).
+void BM_kv_checksum(benchmark::State& state) {
+  std::vector<std::byte> chunk(static_cast<std::size_t>(state.range(0)) << 20);
+  uint64_t x = 1;
+  for (auto& b : chunk) b = static_cast<std::byte>((x = x * 6364136223846793005ull + 1) >> 56);
+  for (auto _ : state) benchmark::DoNotOptimize(kv_checksum(std::as_bytes(std::span(chunk))));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(chunk.size()));
+}
+
 // ------------------------------------------------------------------ codec
 
 template <class M>
@@ -702,6 +807,13 @@ BENCHMARK(BM_kv_chunk_stream)
     ->Args({1, 16})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_kv_chunk_floor)
+    ->Args({1, 4})
+    ->Args({2, 4})
+    ->Args({1, 16})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_kv_checksum)->Arg(4)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_codec_cancel);
 BENCHMARK(BM_codec_token_batch_64);
 BENCHMARK(BM_codec_submit_512);
