@@ -21,6 +21,17 @@ std::optional<kv_allocation> kv_allocation_from_string(std::string_view text) {
   return std::nullopt;
 }
 
+std::string decode_batch_counter(std::size_t batch) {
+  std::size_t bound = 16;
+  if (batch <= 256) {
+    bound = std::max<std::size_t>(16, (batch + 15) / 16 * 16);
+  } else {
+    bound = 512;
+    while (bound < batch) bound *= 2;
+  }
+  return std::string(decode_batch_counter_prefix) + std::to_string(bound);
+}
+
 uint32_t decode_core::reserved_tokens(const sequence& s) const {
   // The last generated token is never fed back, so prompt + max_new - 1 positions hold KV.
   const uint64_t want = uint64_t{s.prompt_len} + std::max<uint32_t>(s.sampling.max_new_tokens, 1) - 1;
@@ -384,6 +395,7 @@ std::optional<std::chrono::nanoseconds> decode_core::begin_decode() {
   in_flight_output_ = engine_.decode(slots);
   ++counters_["steps"];
   counters_["batched_sequences"] += slots.size();
+  ++counters_[decode_batch_counter(slots.size())];
   return in_flight_output_.modeled;
 }
 

@@ -34,6 +34,12 @@ enum class kv_allocation : uint8_t {
   return kv_allocation_from_string(actor.kv_allocation).value_or(kv_allocation::on_demand);
 }
 
+/// The counter a decode step of `batch` sequences adds one to: "steps_batch_le_<B>", B the
+/// batch rounded up to a multiple of 16 up to 256, to a power of two above. Summed over a run
+/// these give the distribution of step batch sizes (a mean hides the bursts that matter).
+[[nodiscard]] std::string decode_batch_counter(std::size_t batch);
+inline constexpr std::string_view decode_batch_counter_prefix = "steps_batch_le_";
+
 struct decode_settings {
   std::string router;
   std::string broker;

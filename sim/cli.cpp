@@ -14,6 +14,7 @@
 
 #include "runtime/clock.hpp"
 #include "runtime/config.hpp"
+#include "runtime/decode_core.hpp"
 #include "runtime/engine_bench.hpp"
 #include "runtime/gpu_catalog.hpp"
 #include "runtime/hop_stats.hpp"
@@ -471,9 +472,38 @@ std::map<std::string, uint64_t> hop_delta(const std::map<std::string, uint64_t>&
   for (const auto& [k, v] : after) {
     static const std::set<std::string> per_step = {"prefill.tokens", "prefill.steps", "decode.steps",
                                                    "decode.batched_sequences"};
-    if (k.find(".hop_") == std::string::npos && !per_step.contains(k)) continue;
+    const bool batch_bucket = k.starts_with("decode." + std::string(decode_batch_counter_prefix));
+    if (k.find(".hop_") == std::string::npos && !per_step.contains(k) && !batch_bucket) continue;
     const auto b = before.find(k);
     out[k] = v - (b == before.end() ? 0 : std::min(b->second, v));
+  }
+  return out;
+}
+
+/// Decode step batch sizes at the 50th, 90th and 99th percentile of steps and the largest, from
+/// the per-step histogram counters (each the upper bound of its bucket: 16 wide up to 256).
+std::map<std::string, double> decode_batch_quantiles(const std::map<std::string, uint64_t>& counters) {
+  const std::string prefix = "decode." + std::string(decode_batch_counter_prefix);
+  std::map<uint64_t, uint64_t> steps_by_bound;
+  uint64_t total = 0;
+  for (auto it = counters.lower_bound(prefix); it != counters.end() && it->first.starts_with(prefix); ++it) {
+    steps_by_bound[std::stoull(it->first.substr(prefix.size()))] += it->second;
+    total += it->second;
+  }
+  std::map<std::string, double> out;
+  if (total == 0) return out;
+  for (const auto& [name, q] : {std::pair{"decode.batch_p50", 0.5}, {"decode.batch_p90", 0.9}, {"decode.batch_p99", 0.99}}) {
+    uint64_t seen = 0;
+    for (const auto& [bound, steps] : steps_by_bound) {
+      seen += steps;
+      if (static_cast<double>(seen) >= q * static_cast<double>(total)) {
+        out[name] = static_cast<double>(bound);
+        break;
+      }
+    }
+  }
+  for (const auto& [bound, steps] : steps_by_bound) {
+    if (steps > 0) out["decode.batch_max"] = static_cast<double>(bound);
   }
   return out;
 }
@@ -494,6 +524,7 @@ nlohmann::json ttft_hops_json(const std::map<std::string, uint64_t>& counters, d
   j["decode.mean_batch"] = dsteps == counters.end() || dsteps->second == 0 || batched == counters.end()
                                ? 0.0
                                : double(batched->second) / double(dsteps->second);
+  for (const auto& [key, value] : decode_batch_quantiles(counters)) j[key] = value;
   const auto n = counters.find("router.hop_ttft_count");
   j["requests"] = n == counters.end() ? 0 : n->second;
   j["client_ttft"] = client_ttft_mean_ms;
@@ -535,6 +566,11 @@ std::string format_hop_table(const nlohmann::json& live, const std::vector<std::
   for (const auto& hop : ttft_hops()) row(hop.counter, hop.what);
   row("prefill.tokens_per_step", "prefill: tokens per step");
   row("decode.mean_batch", "decode: sequences per step");
+  if (live.contains("decode.batch_p99")) {
+    row("decode.batch_p90", "decode: sequences per step, P90 (at most)");
+    row("decode.batch_p99", "decode: sequences per step, P99 (at most)");
+    row("decode.batch_max", "decode: sequences per step, largest (at most)");
+  }
   row("outside_router", "client: beyond the router (front end, sockets, client)");
   row("client_ttft", "client: TTFT");
   if (live.contains("client_first_text_held")) {

@@ -2675,6 +2675,38 @@ TEST_CASE("several prefill and decode workers share the load and every pool retu
   check_clean(c);
 }
 
+TEST_CASE("a decode step counts once in the bucket of its batch size") {
+  CHECK(duet::decode_batch_counter(1) == "steps_batch_le_16");
+  CHECK(duet::decode_batch_counter(16) == "steps_batch_le_16");
+  CHECK(duet::decode_batch_counter(17) == "steps_batch_le_32");
+  CHECK(duet::decode_batch_counter(129) == "steps_batch_le_144");
+  CHECK(duet::decode_batch_counter(256) == "steps_batch_le_256");
+  CHECK(duet::decode_batch_counter(257) == "steps_batch_le_512");
+  CHECK(duet::decode_batch_counter(1000) == "steps_batch_le_1024");
+  cluster_options o;
+  o.decode.kv_blocks = 256;
+  o.steps_per_tick = 1;
+  cluster c(o);
+  for (uint64_t id = 1; id <= 40; ++id) c.submit(id, prompt_of(30, uint32_t(id)), with_max_new(uint32_t(3 + id % 5)));
+  REQUIRE(c.run_until_idle(60000));
+  const auto counters = c.decode(0).counters();
+  const std::string prefix(duet::decode_batch_counter_prefix);
+  uint64_t bucketed = 0, bound_sum = 0, low_sum = 0;
+  for (const auto& [key, steps] : counters) {
+    if (!key.starts_with(prefix)) continue;
+    const uint64_t bound = std::stoull(key.substr(prefix.size()));
+    bucketed += steps;
+    bound_sum += steps * bound;
+    low_sum += steps * (bound - 15);
+  }
+  REQUIRE(counters.at("steps") > 0);
+  CHECK(bucketed == counters.at("steps"));
+  CHECK(counters.at("batched_sequences") <= bound_sum);
+  CHECK(counters.at("batched_sequences") >= low_sum);
+  CHECK(counters.at("batched_sequences") > counters.at("steps"));  // 40 requests at once batch together
+  check_clean(c);
+}
+
 TEST_CASE("a client cancel during decode ends the request once with cancelled") {
   cluster_options o;
   o.steps_per_tick = 1;

@@ -225,6 +225,11 @@ def check_ttft_hops(summary):
         assert 0 < h["prefill.hop_compute"] and inner <= h["router.hop_ttft"] + 1.0, h
         assert h["router.hop_ttft"] <= h["client_ttft"] + 1.0, h
     assert close(hops["prefill.hop_compute"], sim["prefill.hop_compute"], 0.25), (hops, sim)
+    # Decode batch sizes from the per-step histogram: bucket bounds, ordered, above the mean's bucket
+    for h in (hops, sim):
+        qs = [h["decode.batch_p50"], h["decode.batch_p90"], h["decode.batch_p99"], h["decode.batch_max"]]
+        assert all(q % 16 == 0 and q > 0 for q in qs) and qs == sorted(qs), h
+        assert h["decode.mean_batch"] <= h["decode.batch_max"], h
     # Over HTTP: first tokens whose text the front end held back, and the wait for that text
     assert 0 <= hops["client_first_text_held"] <= TRACE_REQUESTS, hops
     assert hops["client_first_text_wait"] >= 0, hops
