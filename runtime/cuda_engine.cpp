@@ -24,6 +24,7 @@
 #include "kernels/sampling.cuh"
 #include "kernels/silu_mul.cuh"
 #include "runtime/cpu_engine.hpp"
+#include "runtime/decode_buckets.hpp"
 #include "runtime/kv_pool_share.hpp"
 #include "runtime/safetensors.hpp"
 
@@ -750,8 +751,11 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
     attention_variant_ = static_cast<uint32_t>(std::atoi(v));
   if (const char* v = std::getenv("DUET_KV_READ_STAGING"))
     staged_reads_ = std::string_view(v) != "0";
-  for (uint32_t bucket = 1; bucket < params_.max_batch; bucket *= 2) buckets_.push_back(bucket);
-  buckets_.push_back(params_.max_batch);
+  // Multiples of 32 above 32: a batch of 129 runs 160 rows, not 256 (a bucket's GEMMs cost as
+  // its rows do; docs/cuda-engine.md). DUET_DECODE_BUCKET_STEP=0: powers of two only.
+  uint32_t bucket_step = 32;
+  if (const char* v = std::getenv("DUET_DECODE_BUCKET_STEP")) bucket_step = static_cast<uint32_t>(std::atoi(v));
+  buckets_ = decode_graph_buckets(params_.max_batch, bucket_step);
 
   info_.engine = "cuda";
   info_.model = params_.served_name;

@@ -20,6 +20,7 @@
 #include "runtime/block_manager.hpp"
 #include "runtime/broker_core.hpp"
 #include "runtime/cpu_engine.hpp"
+#include "runtime/decode_buckets.hpp"
 #include "runtime/hf_model.hpp"
 #include "runtime/random_checkpoint.hpp"
 #include "runtime/decode_core.hpp"
@@ -2673,6 +2674,22 @@ TEST_CASE("several prefill and decode workers share the load and every pool retu
   for (std::size_t i = 0; i < c.prefill_count(); ++i) CHECK(c.prefill(i).counters().at("accepted") > 0);
   for (std::size_t i = 0; i < c.decode_count(); ++i) CHECK(c.decode(i).counters().at("adopted") > 0);
   check_clean(c);
+}
+
+TEST_CASE("decode graph buckets: powers of two to the step, its multiples to max_batch") {
+  using V = std::vector<uint32_t>;
+  CHECK(duet::decode_graph_buckets(256, 32) == V{1, 2, 4, 8, 16, 32, 64, 96, 128, 160, 192, 224, 256});
+  CHECK(duet::decode_graph_buckets(256, 0) == V{1, 2, 4, 8, 16, 32, 64, 128, 256});
+  CHECK(duet::decode_graph_buckets(100, 32) == V{1, 2, 4, 8, 16, 32, 64, 96, 100});
+  CHECK(duet::decode_graph_buckets(24, 32) == V{1, 2, 4, 8, 16, 24});
+  CHECK(duet::decode_graph_buckets(1, 32) == V{1});
+  // Every batch from 1 to max_batch has a bucket, and padding above the step stays under it.
+  const auto buckets = duet::decode_graph_buckets(256, 32);
+  for (uint32_t n = 1; n <= 256; ++n) {
+    const auto b = *std::lower_bound(buckets.begin(), buckets.end(), n);
+    CHECK(b >= n);
+    if (n > 32) CHECK(b - n < 32);
+  }
 }
 
 TEST_CASE("a decode step counts once in the bucket of its batch size") {

@@ -1,0 +1,23 @@
+#pragma once
+// The batch sizes a CUDA engine captures decode graphs for: a step of n sequences replays the
+// graph of the smallest bucket >= n, its extra rows padded (docs/cuda-engine.md, "Decode graphs").
+#include <cstdint>
+#include <vector>
+
+namespace duet {
+
+/// Powers of two up to `step`, then every multiple of `step` up to `max_batch` (which is always
+/// the last bucket). A step of 0 keeps powers of two only, as vLLM-style sparse capture lists
+/// do; the padding then reaches up to half the batch (129 sequences run 256 rows).
+[[nodiscard]] inline std::vector<uint32_t> decode_graph_buckets(uint32_t max_batch, uint32_t step) {
+  std::vector<uint32_t> out;
+  uint32_t b = 1;
+  for (; b < max_batch && (step == 0 || b < step); b *= 2) out.push_back(b);
+  if (step > 0) {
+    for (b = step; b < max_batch; b += step) out.push_back(b);
+  }
+  if (max_batch > 0) out.push_back(max_batch);
+  return out;
+}
+
+}  // namespace duet
