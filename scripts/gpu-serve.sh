@@ -24,7 +24,8 @@
 #   matrix    today's engine on both traces and every one-GPU deployment kind, one GPU, the
 #             simulator beside with the newest calibration ($CAL_MATRIX): the runs of
 #             $GPU_SERVE_MATRIX ("NAME KIND TRACE START DURATION RATE;..."; KIND as in stage one, with
-#             +bN for a decode max_batch of N instead of 128, e.g. streams+b256; default code x1 on PD
+#             +bN for a decode max_batch of N instead of 128, e.g. streams+b256, and +cN for a prefill
+#             chunk_tokens of N instead of 2048, e.g. streams+b256+c512; default code x1 on PD
 #             streams, colocated and PD 70/30, then conversation x5 on PD streams and colocated), each
 #             warmed up first, in order while they fit by $GPU_SERVE_DEADLINE; $OUT/matrix.tar.gz
 #             (summaries, requests, deployments, logs), rewritten after every run
@@ -125,10 +126,17 @@ if has ckpt && { [ ! -f "$CKPT/config.json" ] || [ ! -f "$CKPT/tokenizer.json" ]
   echo "--- 8B random checkpoint written in $((SECONDS - t0)) s: $(du -sh "$CKPT" | cut -f1)"
 fi
 
-deploy() {  # deploy FILE SLOT KIND[+bN]: the deployment TOML of one run (+bN: decode max_batch N, else 128)
-  local file=$1 slot=$2 kind=${3%%+b*} pre="" dec="" dnode="" ddev=0 dbatch=128
-  [[ $3 == *+b* ]] && dbatch=${3##*+b}
-  [[ $dbatch =~ ^[0-9]+$ ]] || { echo "bad decode batch in $3"; return 1; }
+deploy() {  # deploy FILE SLOT KIND[+bN][+cN]: the deployment TOML of one run (+bN: decode max_batch N,
+  # else 128; +cN: prefill chunk_tokens N, else 2048)
+  local file=$1 slot=$2 kind=${3%%+*} pre="" dec="" dnode="" ddev=0 dbatch=128 chunk=2048 opt
+  for opt in $(tr '+' ' ' <<<"${3#"$kind"}"); do
+    case $opt in
+      b*) dbatch=${opt#b} ;;
+      c*) chunk=${opt#c} ;;
+      *) echo "bad option $opt in $3"; return 1 ;;
+    esac
+  done
+  [[ $dbatch =~ ^[0-9]+$ && $chunk =~ ^[0-9]+$ ]] || { echo "bad decode batch or chunk in $3"; return 1; }
   case $kind in
     colocated) pre='stream = "shared"'; dec='stream = "shared"' ;;
     streams) ;;
@@ -175,7 +183,7 @@ role = "prefill"
 device = 0
 kv_blocks = 8192
 max_batch = 16
-chunk_tokens = 2048
+chunk_tokens = $chunk
 $pre
 $dnode
 [[nodes.actors]]
@@ -192,7 +200,7 @@ up_start() {  # up_start NAME SLOT KIND VISIBLE_GPUS: `duet up` of that deployme
   local name=$1 slot=$2 kind=$3 visible=$4
   deploy "$RUNS/$name.toml" "$slot" "$kind" || return 1
   CUDA_VISIBLE_DEVICES=$visible "$BUILD/duet" up --config "$RUNS/$name.toml" >"$RUNS/$name.up.log" 2>&1 &
-  UP=$! UP_KIND=${kind%%+b*}
+  UP=$! UP_KIND=${kind%%+*}
 }
 
 up_stop() {  # up_stop NAME SLOT: SIGTERM to $UP, SIGKILL after 20 s (1p1d: its decode node's process too)
