@@ -64,6 +64,17 @@ std::optional<gpu_spec> find_gpu_spec(std::string_view name) {
   return std::nullopt;
 }
 
+gpu_calibration with_engine_speed(gpu_calibration cal, const gpu_spec& spec, double factor) {
+  auto scale = [factor](efficiency_curve& curve, double fallback) {
+    if (curve.empty()) curve.points = {{1.0, fallback}};
+    for (auto& [shape, fraction] : curve.points) fraction = std::min(1.0, fraction * factor);
+  };
+  scale(cal.gemm, spec.gemm_efficiency);
+  scale(cal.attention, spec.gemm_efficiency);
+  scale(cal.memory, spec.bandwidth_efficiency);
+  return cal;
+}
+
 cost_model::cost_model(model_shape shape, gpu_spec gpu, double sm_share)
     : shape_(std::move(shape)), gpu_(std::move(gpu)), sm_share_(std::clamp(sm_share, 0.01, 1.0)) {}
 

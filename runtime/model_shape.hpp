@@ -112,6 +112,11 @@ struct gpu_spec {
   gpu_calibration calibration;        // measured fractions of peak; empty = the fields above
 };
 
+/// `spec`'s calibration (`cal`) with the engine `factor` times as fast: the GEMM, attention and
+/// memory efficiencies scaled, each at most 1; an empty curve starts from the spec's default.
+/// What a few percent of engine speed (one machine against another) does to a prediction.
+[[nodiscard]] gpu_calibration with_engine_speed(gpu_calibration cal, const gpu_spec& spec, double factor);
+
 /// H20, H100, H200, A100, L40S (docs/sim.md cites the spec sheets). Empty when unknown.
 /// Reads the GPU spec file when there is one (runtime/gpu_catalog.hpp), else the built-in table.
 [[nodiscard]] std::optional<gpu_spec> find_gpu_spec(std::string_view name);

@@ -16,6 +16,9 @@ DATA=${2:-docs/data/h200-serve}
 TRACES=${DUET_TRACES:-../shared/traces}
 DUET=${DUET_BIN:-build/duet}
 OUT=${OUT:-resim-out}
+# RESIM_SPREAD=0.03: each run also simulated with the engine 3 % slower and faster (duet sim
+# --speed-spread); the table then gives the TTFT P99 range and whether the live figure is in it.
+SPREAD=${RESIM_SPREAD:-0}
 mkdir -p "$OUT"
 for toml in "$DATA"/*.toml; do
   name=$(basename "$toml" .toml)
@@ -45,7 +48,7 @@ for toml in "$DATA"/*.toml; do
   case $name in *-sync) thread=0 ;; esac
   DUET_PREFILL_THREAD=$thread "$DUET" sim --config "$OUT/$name.toml" --trace "$TRACES/AzureLLMInferenceTrace_$1_2023.csv" --start "$2" \
     --duration "$3" --rate-scale "$4" --slo ttft=2s,tpot=50ms --calibration "$CAL" \
-    --out "$OUT/$name" >"$OUT/$name.log"
+    --speed-spread "$SPREAD" --out "$OUT/$name" >"$OUT/$name.log"
 done
 python3 - "$OUT" "$DATA" <<'PY'
 import json, pathlib, sys
@@ -55,8 +58,10 @@ def runs():  # (live bench JSON, simulated summary) of every run the simulator r
         sim_file = out / live_file.stem / "summary.json"
         if live_file.stem != "fidelity" and sim_file.exists():
             yield live_file, sim_file
-print("| run | TTFT P50 ms | TTFT P99 ms | ITL P50 ms | ITL P99 ms |")
-print("| --- | --- | --- | --- | --- |")
+band = lambda f: json.loads(f.read_text())["simulation"]["runs"][0].get("speed_band")
+banded = any(band(s) for _, s in runs())
+print("| run | TTFT P50 ms | TTFT P99 ms | ITL P50 ms | ITL P99 ms |" + (" sim TTFT P99 range ms |" if banded else ""))
+print("| --- | --- | --- | --- | --- |" + (" --- |" if banded else ""))
 for live_file, sim_file in runs():
     live = json.loads(live_file.read_text())["runs"][0]["summary"]
     sim = json.loads(sim_file.read_text())["runs"][0]["summary"]
@@ -64,6 +69,10 @@ for live_file, sim_file in runs():
     for key, q in (("ttft_s", "p50"), ("ttft_s", "p99"), ("itl_s", "p50"), ("itl_s", "p99")):
         a, b = live[key][q] * 1e3, sim[key][q] * 1e3
         cells.append(f"{a:.1f} / {b:.1f} ({(b / a - 1) * 100:+.0f}%)")
+    if banded and band(sim_file):
+        lo, hi = band(sim_file)["faster"]["ttft_p99_s"] * 1e3, band(sim_file)["slower"]["ttft_p99_s"] * 1e3
+        inside = "live inside" if lo <= live["ttft_s"]["p99"] * 1e3 <= hi else "live outside"
+        cells.append(f"{lo:.0f}–{hi:.0f} at ±{band(sim_file)['spread'] * 100:.0f} % ({inside})")
     print(f"| {live_file.stem} | " + " | ".join(cells) + " |")
 # The engine step times (hop counters, mean ms per step), where the live run recorded them.
 print()

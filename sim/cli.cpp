@@ -76,6 +76,7 @@ struct sim_commands::state {
   size_t max_requests = 0;
   std::vector<std::string> deployments;
   std::string title;
+  double speed_spread = 0.0;
   // plan
   uint32_t gpus = 8;
   uint32_t jobs = 0;
@@ -189,6 +190,40 @@ void annotate_summary(const report_files& files, const char* key, nlohmann::json
   if (!out) throw report_error("cannot write " + files.summary_json.string());
 }
 
+/// The deployment simulated with every GPU's engine `1 - spread` and `1 + spread` times as fast:
+/// TTFT, ITL and goodput of each, printed and returned for summary.json.
+nlohmann::json speed_band(const deployment_config& config, const sim_deployment& d, const std::vector<trace_request>& trace,
+                          const sim_options& base, const latency_slo& slo, double spread) {
+  nlohmann::json band;
+  band["spread"] = spread;
+  for (const auto& [label, factor] : {std::pair{"slower", 1.0 - spread}, {"faster", 1.0 + spread}}) {
+    sim_options o = base;
+    o.progress = nullptr;
+    for (const auto& g : d.gpus) {
+      const auto spec = find_gpu_spec(g.type);
+      if (!spec) continue;
+      const auto known = base.calibrations.find(g.type);
+      o.calibrations[g.type] =
+          with_engine_speed(known != base.calibrations.end() ? known->second : spec->calibration, *spec, factor);
+    }
+    auto result = run_simulation(config, d, trace, o);
+    const auto summary = make_report_run(result.name, std::move(result.records), slo).summary;
+    band[label] = {{"ttft_p50_s", summary.ttft_s.p50}, {"ttft_p99_s", summary.ttft_s.p99},
+                   {"itl_p50_s", summary.itl_s.p50},   {"itl_p99_s", summary.itl_s.p99},
+                   {"goodput", summary.goodput}};
+  }
+  const auto& slow = band["slower"];
+  const auto& fast = band["faster"];
+  std::printf("%-24s engine %.0f %% faster / slower: TTFT P50 %.1f / %.1f ms, P99 %.1f / %.1f ms; ITL P50 %.2f / %.2f ms, "
+              "P99 %.2f / %.2f ms; goodput %.2f / %.2f req/s\n",
+              "", spread * 100, fast["ttft_p50_s"].get<double>() * 1e3, slow["ttft_p50_s"].get<double>() * 1e3,
+              fast["ttft_p99_s"].get<double>() * 1e3, slow["ttft_p99_s"].get<double>() * 1e3,
+              fast["itl_p50_s"].get<double>() * 1e3, slow["itl_p50_s"].get<double>() * 1e3,
+              fast["itl_p99_s"].get<double>() * 1e3, slow["itl_p99_s"].get<double>() * 1e3,
+              fast["goodput"].get<double>(), slow["goodput"].get<double>());
+  return band;
+}
+
 int run_sim(const sim_commands::state& s) {
   const auto config = s.config_path.empty() ? default_config() : load_config(s.config_path);
   const auto trace = prepared_trace(s, config, s.max_requests);
@@ -242,6 +277,7 @@ int run_sim(const sim_commands::state& s) {
         batch, static_cast<unsigned long long>(result.counters["sim.peak_decode_batch"]),
         static_cast<unsigned long long>(result.counters["decode.preemptions"]));
     sim_json["runs"].push_back(run_json(result, describe(d)));
+    if (s.speed_spread > 0) sim_json["runs"].back()["speed_band"] = speed_band(config, d, trace, options, slo, s.speed_spread);
     runs.push_back(
         make_report_run(result.name, std::move(result.records), slo, std::move(result.series)));
   }
@@ -734,6 +770,11 @@ sim_commands::sim_commands(CLI::App& app) : state_(std::make_unique<state>()) {
   s.sim->add_option("--calibration", s.calibration,
                     "calibration TOML file for its GPU (docs/sim.md)");
   s.sim->add_option("--title", s.title, "report title");
+  s.sim->add_option("--speed-spread", s.speed_spread,
+                    "also simulate each deployment with the engine this fraction slower and faster "
+                    "(its GEMM, attention and memory efficiencies scaled), e.g. 0.03: the prediction's "
+                    "range over machines that differ by that much")
+      ->check(CLI::Range(0.0, 0.5));
 
   s.plan = app.add_subcommand(
       "plan", "search deployments of a GPU budget for the best goodput per GPU under an SLO");

@@ -1132,6 +1132,45 @@ TEST_CASE(
   CHECK(run_duet({"sim", "--trace", trace, "--out", bad, "--deployment", "4Q2D"}, 30s) == 2);
   CHECK(run_duet({"sim", "--trace", "synthetic:poisson:rat=1", "--out", bad}, 30s) == 2);
   CHECK(run_duet({"plan", "--trace", trace, "--slo", "ttft=soon"}, 30s) == 2);
+  CHECK(run_duet({"sim", "--trace", trace, "--out", bad, "--speed-spread", "0.9"}, 30s) == 2);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("with_engine_speed scales the GEMM, attention and memory efficiencies, at most to 1") {
+  const auto h200 = find_gpu_spec("h200");
+  REQUIRE(h200);
+  gpu_calibration cal;
+  cal.gemm.points = {{256, 0.5}, {8192, 0.98}};
+  cal.memory.points = {{1e10, 0.8}};
+  cal.concurrent_decode_delay_s = 0.018;
+  const auto faster = with_engine_speed(cal, *h200, 1.03);
+  CHECK(faster.gemm.points[0].second == Approx(0.515));
+  CHECK(faster.gemm.points[1].second == Approx(1.0));  // 1.0094 clamped
+  CHECK(faster.memory.points[0].second == Approx(0.824));
+  REQUIRE(faster.attention.points.size() == 1);  // empty: from the spec's default
+  CHECK(faster.attention.points[0].second == Approx(std::min(1.0, h200->gemm_efficiency * 1.03)));
+  CHECK(faster.concurrent_decode_delay_s == Approx(0.018));  // serving keys untouched
+  const auto slower = with_engine_speed(cal, *h200, 0.97);
+  CHECK(slower.gemm.points[1].second == Approx(0.9506));
+}
+
+TEST_CASE("duet sim --speed-spread simulates each deployment with a slower and a faster engine") {
+  const auto dir = scratch_dir("speed");
+  // Loaded enough that a 10 % slower engine queues prompts.
+  const std::string trace = "synthetic:poisson:rate=12,count=240,in=2000,out=60,seed=4";
+  CHECK(run_duet({"sim", "--trace", trace, "--out", dir.string(), "--gpu", "h20", "--slo",
+                  "ttft=1s,tpot=50ms", "--speed-spread", "0.1"},
+                 120s) == 0);
+  const auto summary = nlohmann::json::parse(read_all(dir / "summary.json"));
+  const auto& band = summary["simulation"]["runs"][0]["speed_band"];
+  const auto& base = summary["runs"][0]["summary"];
+  CHECK(band["spread"].get<double>() == Approx(0.1));
+  const double slow = band["slower"]["ttft_p50_s"], fast = band["faster"]["ttft_p50_s"];
+  const double mid = base["ttft_s"]["p50"];
+  MESSAGE("TTFT P50 faster / base / slower: " << fast * 1e3 << " / " << mid * 1e3 << " / " << slow * 1e3 << " ms");
+  CHECK(fast < mid);
+  CHECK(mid < slow);
+  CHECK(band["faster"]["itl_p50_s"].get<double>() < band["slower"]["itl_p50_s"].get<double>());
   fs::remove_all(dir);
 }
 
