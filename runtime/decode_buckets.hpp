@@ -7,8 +7,8 @@
 namespace duet {
 
 /// Powers of two up to `step`, then every multiple of `step` up to `max_batch` (which is always
-/// the last bucket). A step of 0 keeps powers of two only, as vLLM-style sparse capture lists
-/// do; the padding then reaches up to half the batch (129 sequences run 256 rows).
+/// the last bucket). A step of 0 keeps powers of two only (duet's rule before 2026-12-03); the
+/// padding then reaches up to half the batch (129 sequences run 256 rows).
 [[nodiscard]] inline std::vector<uint32_t> decode_graph_buckets(uint32_t max_batch, uint32_t step) {
   std::vector<uint32_t> out;
   uint32_t b = 1;
