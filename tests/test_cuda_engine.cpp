@@ -86,6 +86,28 @@ std::vector<prefill_chunk> whole(const std::vector<sequence>& seqs) {
   return chunks;
 }
 
+/// Greedy decode steps of `seqs` on both engines, fed `graphs`' tokens: every step's logits of
+/// `eager` (graphs off) within 1e-2 relative of `graphs`' (graphs on).
+void decode_graphs_against_eager(cuda_engine& graphs, cuda_engine& eager, std::vector<sequence>& seqs,
+                                 std::vector<int32_t> next, int steps) {
+  for (int step = 0; step < steps; ++step) {
+    std::vector<decode_slot> slots;
+    for (std::size_t i = 0; i < seqs.size(); ++i) {
+      seqs[i].tokens.push_back(next[i]);
+      slots.push_back({seqs[i].id, seqs[i].tokens, seqs[i].blocks, nullptr});
+    }
+    const auto ga = graphs.decode(slots);
+    (void)eager.decode(slots);
+    REQUIRE(ga.tokens.size() == seqs.size());
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      const double e = rel(eager.last_logits(i), graphs.last_logits(i));
+      INFO("decode step " << step << " sequence " << i << " rel " << e);
+      CHECK(e <= 1e-2);
+    }
+    next = ga.tokens;
+  }
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -173,22 +195,7 @@ TEST_CASE("graph replay, eager decode and chunked prefill give the same results"
     CHECK(e <=
           1e-2);  // other pass boundaries change GEMM shapes (cuBLASLt algorithms), not the math
   }
-  std::vector<int32_t> next = a.tokens;
-  for (int step = 0; step < 4; ++step) {
-    std::vector<decode_slot> slots;
-    for (std::size_t i = 0; i < seqs.size(); ++i) {
-      seqs[i].tokens.push_back(next[i]);
-      slots.push_back({seqs[i].id, seqs[i].tokens, seqs[i].blocks, nullptr});
-    }
-    const auto ga = graphs.decode(slots);
-    (void)eager.decode(slots);
-    for (std::size_t i = 0; i < slots.size(); ++i) {
-      const double e = rel(eager.last_logits(i), graphs.last_logits(i));
-      INFO("decode step " << step << " sequence " << i << " rel " << e);
-      CHECK(e <= 1e-2);
-    }
-    next = ga.tokens;
-  }
+  decode_graphs_against_eager(graphs, eager, seqs, a.tokens, 4);
   CHECK(graphs.graph_steps() == 3);
   CHECK(eager.graph_steps() == 0);
 }
@@ -211,23 +218,8 @@ TEST_CASE("a batch between powers of two replays the graph of its multiple of 32
   auto seqs = make_sequences(rng, lens, 3000, 8);
   const auto a = graphs.prefill(whole(seqs));
   (void)eager.prefill(whole(seqs));
-  std::vector<int32_t> next = a.tokens;
-  for (int step = 0; step < 3; ++step) {
-    std::vector<decode_slot> slots;
-    for (std::size_t i = 0; i < seqs.size(); ++i) {
-      seqs[i].tokens.push_back(next[i]);
-      slots.push_back({seqs[i].id, seqs[i].tokens, seqs[i].blocks, nullptr});
-    }
-    const auto ga = graphs.decode(slots);
-    (void)eager.decode(slots);
-    REQUIRE(ga.tokens.size() == 70);
-    for (std::size_t i = 0; i < slots.size(); ++i) {
-      const double e = rel(eager.last_logits(i), graphs.last_logits(i));
-      INFO("decode step " << step << " sequence " << i << " rel " << e);
-      CHECK(e <= 1e-2);
-    }
-    next = ga.tokens;
-  }
+  REQUIRE(seqs.size() == 70);
+  decode_graphs_against_eager(graphs, eager, seqs, a.tokens, 3);
   CHECK(graphs.graph_steps() == 2);  // the first step captures the 96-row graph, two replay it
 }
 
