@@ -9,6 +9,7 @@
 #include "kernels/device_util.cuh"
 #include "kernels/gemm.cuh"
 #include "kernels/launch.cuh"
+#include "kernels/rmsnorm.cuh"
 
 namespace duet::kernels {
 
@@ -25,22 +26,53 @@ namespace {
 constexpr int sk_rows = 8;
 constexpr int sk_threads = 256;
 constexpr int sk_unroll = 2;
+static_assert(sk_threads == rmsnorm_threads, "the norm's sum must run in add_rmsnorm's order");
 
-template <bool swiglu>
-__device__ __forceinline__ void x_chunk(const gemm_params& p, int r, uint32_t c, float (&x)[8]) {
+// What the kernel reads as its input row.
+enum class x_mode : int { plain, swiglu, rmsnorm };
+
+template <x_mode mode>
+__device__ __forceinline__ void x_chunk(const gemm_params& p, int r, uint32_t c, float inv,
+                                        float (&x)[8]) {
   const uint16_t* row = p.x + static_cast<uint64_t>(r) * p.ldx;
-  if constexpr (swiglu) {
+  if constexpr (mode == x_mode::swiglu) {
     float g[8], u[8];
     dev::unpack8(reinterpret_cast<const uint4*>(row)[c], g);
     dev::unpack8(reinterpret_cast<const uint4*>(row + p.k)[c], u);
 #pragma unroll
     for (int i = 0; i < 8; ++i) x[i] = dev::rbf(dev::rbf(g[i] / (1.0f + __expf(-g[i]))) * u[i]);
+  } else if constexpr (mode == x_mode::rmsnorm) {
+    float w[8];
+    dev::unpack8(reinterpret_cast<const uint4*>(row)[c], x);
+    dev::unpack8(reinterpret_cast<const uint4*>(p.x_norm_weight)[c], w);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = dev::rbf(w[i] * dev::rbf(x[i] * inv));
   } else {
     dev::unpack8(reinterpret_cast<const uint4*>(row)[c], x);
   }
 }
 
-template <int max_m, bool swiglu>
+// 1 / rms of row 0 of x, summed as rmsnorm_kernel sums: thread t squares chunks t, t + 256, ...
+// in order, then warps, then the eight warp sums in order.
+__device__ __forceinline__ float inverse_rms(const gemm_params& p) {
+  __shared__ float partial[sk_threads / 32];
+  float sumsq = 0.0f;
+  for (uint32_t c = threadIdx.x; c < p.k / 8; c += sk_threads) {
+    float x[8];
+    dev::unpack8(reinterpret_cast<const uint4*>(p.x)[c], x);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sumsq = fmaf(x[i], x[i], sumsq);
+  }
+  sumsq = dev::warp_sum(sumsq);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = sumsq;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < sk_threads / 32; ++w) total += partial[w];
+  return rsqrtf(total / static_cast<float>(p.k) + p.x_norm_eps);
+}
+
+template <int max_m, x_mode mode>
 __global__ void __launch_bounds__(sk_threads) skinny_kernel(gemm_params p) {
   __shared__ float red[sk_threads / 32][sk_rows][max_m];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -68,6 +100,9 @@ __global__ void __launch_bounds__(sk_threads) skinny_kernel(gemm_params p) {
   dev::pdl_wait();
   dev::pdl_launch_dependents();
   if (!p.w_static) load_w(tid);
+  // The norm's scale, while the first weights are in flight.
+  float inv = 1.0f;
+  if constexpr (mode == x_mode::rmsnorm) inv = inverse_rms(p);
   float acc[sk_rows][max_m] = {};
   for (uint32_t base = tid; base < chunks; base += sk_threads * sk_unroll) {
     if (base != static_cast<uint32_t>(tid)) load_w(base);
@@ -78,7 +113,7 @@ __global__ void __launch_bounds__(sk_threads) skinny_kernel(gemm_params p) {
       float x[max_m][8];
 #pragma unroll
       for (int r = 0; r < max_m; ++r) {
-        if (r < m) x_chunk<swiglu>(p, r, c, x[r]);
+        if (r < m) x_chunk<mode>(p, r, c, inv, x[r]);
       }
 #pragma unroll
       for (int j = 0; j < sk_rows; ++j) {
@@ -113,10 +148,14 @@ __global__ void __launch_bounds__(sk_threads) skinny_kernel(gemm_params p) {
 #pragma unroll
       for (int w = 0; w < sk_threads / 32; ++w) v += red[w][j][r];
       if (p.bias) v += dev::bf(p.bias[n]);
+      const uint64_t at = static_cast<uint64_t>(r) * p.ldy + n;
       if (p.y_fp32) {
-        static_cast<float*>(p.y)[static_cast<uint64_t>(r) * p.ldy + n] = v;
+        static_cast<float*>(p.y)[at] = v;
+      } else if (p.y_residual) {
+        const float sum = dev::bf(p.y_residual[at]) + dev::rbf(v);
+        static_cast<uint16_t*>(p.y)[at] = dev::to_bf(sum);
       } else {
-        static_cast<uint16_t*>(p.y)[static_cast<uint64_t>(r) * p.ldy + n] = dev::to_bf(v);
+        static_cast<uint16_t*>(p.y)[at] = dev::to_bf(v);
       }
     }
   }
@@ -284,8 +323,9 @@ kstatus gemm_runner::run(const gemm_params& p, cudaStream_t stream, gemm_path pa
     // Measured on the H200 (docs/cuda-engine.md): at m = 1 the skinny kernel beats cuBLASLt on
     // every Llama-8B shape (2.4-3.9 TB/s against 1.5-3.3), at m = 4 it loses (1.1-1.6
     // against 1.7-3.3).
-    path = (p.x_swiglu || (p.m == 1 && gemm_skinny_enabled())) ? gemm_path::skinny
-                                                               : gemm_path::cublaslt;
+    const bool fused = p.x_swiglu || p.x_norm_weight || p.y_residual;
+    path = (fused || (p.m == 1 && gemm_skinny_enabled())) ? gemm_path::skinny
+                                                          : gemm_path::cublaslt;
   }
   if (path == gemm_path::skinny) {
     DUET_KREQUIRE(p.m <= gemm_skinny_max_rows,
@@ -293,17 +333,24 @@ kstatus gemm_runner::run(const gemm_params& p, cudaStream_t stream, gemm_path pa
     DUET_KREQUIRE(p.n <= 65535u * sk_rows * 1024u, "gemm: n too large for the skinny path");
     const dim3 grid((p.n + sk_rows - 1) / sk_rows);
     DUET_KREQUIRE(!p.x_swiglu || p.m == 1, "gemm: SwiGLU input takes one row");
+    DUET_KREQUIRE(!p.x_norm_weight || (p.m == 1 && !p.x_swiglu),
+                  "gemm: an RMSNorm input takes one row and no SwiGLU");
+    DUET_KREQUIRE(!(p.y_residual && p.y_fp32), "gemm: a residual add takes bf16 output");
     if (p.x_swiglu) {
-      DUET_KCHECK(launch(skinny_kernel<1, true>, grid, dim3(sk_threads), 0, stream, p));
+      DUET_KCHECK(launch(skinny_kernel<1, x_mode::swiglu>, grid, dim3(sk_threads), 0, stream, p));
+    } else if (p.x_norm_weight) {
+      DUET_KCHECK(launch(skinny_kernel<1, x_mode::rmsnorm>, grid, dim3(sk_threads), 0, stream, p));
     } else if (p.m == 1) {
-      DUET_KCHECK(launch(skinny_kernel<1, false>, grid, dim3(sk_threads), 0, stream, p));
+      DUET_KCHECK(launch(skinny_kernel<1, x_mode::plain>, grid, dim3(sk_threads), 0, stream, p));
     } else {
-      DUET_KCHECK(
-          launch(skinny_kernel<gemm_skinny_max_rows, false>, grid, dim3(sk_threads), 0, stream, p));
+      DUET_KCHECK(launch(skinny_kernel<gemm_skinny_max_rows, x_mode::plain>, grid,
+                         dim3(sk_threads), 0, stream, p));
     }
     return {};
   }
   DUET_KREQUIRE(!p.x_swiglu, "gemm: cuBLASLt takes no SwiGLU input; run silu_mul first");
+  DUET_KREQUIRE(!p.x_norm_weight && !p.y_residual,
+                "gemm: cuBLASLt takes no RMSNorm input or residual add; run add_rmsnorm");
   DUET_KREQUIRE(impl_->handle, "gemm: runner not initialised");
   const plan_key key{p.m, p.n, p.k, p.ldx, p.ldy, p.y_fp32, p.bias != nullptr};
   auto it = impl_->plans.find(key);

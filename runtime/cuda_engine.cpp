@@ -756,6 +756,8 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
   uint32_t bucket_step = 32;
   if (const char* v = std::getenv("DUET_DECODE_BUCKET_STEP")) bucket_step = static_cast<uint32_t>(std::atoi(v));
   buckets_ = decode_graph_buckets(params_.max_batch, bucket_step);
+  // DUET_FUSED_NORM=0: batch-1 steps run the norm and residual-add kernels apart (same bits).
+  if (const char* v = std::getenv("DUET_FUSED_NORM")) fused_norm_ = std::string_view(v) != "0";
 
   info_.engine = "cuda";
   info_.model = params_.served_name;
@@ -865,16 +867,28 @@ void cuda_engine::forward(const pass& ps, void* stream) {
   auto* attn = b.attn.as<uint16_t>();
   auto* gu = b.gate_up.as<uint16_t>();
   auto* delta = b.delta.as<uint16_t>();
-  // One row (batch-1 decode): SwiGLU is applied inside the down projection's skinny GEMM.
+  // One row (batch-1 decode): the skinny GEMVs do the small kernels' work on the way: the qkv and
+  // gate_up GEMVs read the RMSNorm of the residual stream, the o and down GEMVs add their output
+  // to it, and the down GEMV applies SwiGLU to its input. Same bits, two launches fewer a layer.
   const bool fused_swiglu = rows == 1 && k::gemm_skinny_enabled();
+  const bool fused = fused_swiglu && fused_norm_;
+  auto norm_input = [&](k::gemm_params& g, const uint16_t* norm_weight) {
+    g.x = x;
+    g.x_norm_weight = norm_weight;
+    g.x_norm_eps = eps;
+  };
 
   kcheck(k::embedding_gather(
       {w.embedding, b.dev<int32_t>(b.meta.tokens), x, rows, hidden, c.vocab_size}, s));
   for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
     const cuda_weights::layer& L = w.layers[l];
-    kcheck(k::add_rmsnorm({x, l == 0 ? nullptr : delta, L.input_norm, h, rows, hidden, eps}, s));
     k::gemm_params g{h, hidden, L.qkv, L.qkv_bias, qkv, qkv_dim, rows, qkv_dim, hidden};
     g.w_static = true;
+    if (fused) {
+      norm_input(g, L.input_norm);
+    } else {
+      kcheck(k::add_rmsnorm({x, l == 0 ? nullptr : delta, L.input_norm, h, rows, hidden, eps}, s));
+    }
     kcheck(b.gemm.run(g, s));
     k::rope_params rp;
     rp.x = qkv;
@@ -933,15 +947,27 @@ void cuda_engine::forward(const pass& ps, void* stream) {
     }
     k::gemm_params o{attn, qd, L.o, L.o_bias, delta, hidden, rows, hidden, qd};
     o.w_static = true;
+    if (fused) {
+      o.y = x;
+      o.y_residual = x;
+    }
     kcheck(b.gemm.run(o, s));
-    kcheck(k::add_rmsnorm({x, delta, L.post_norm, h, rows, hidden, eps}, s));
     k::gemm_params gate_up{h, hidden, L.gate_up, nullptr, gu, 2 * ffn, rows, 2 * ffn, hidden};
     gate_up.w_static = true;
+    if (fused) {
+      norm_input(gate_up, L.post_norm);
+    } else {
+      kcheck(k::add_rmsnorm({x, delta, L.post_norm, h, rows, hidden, eps}, s));
+    }
     kcheck(b.gemm.run(gate_up, s));
     if (fused_swiglu) {
       k::gemm_params down{gu, 2 * ffn, L.down, nullptr, delta, hidden, rows, hidden, ffn};
       down.x_swiglu = true;
       down.w_static = true;
+      if (fused) {
+        down.y = x;
+        down.y_residual = x;
+      }
       kcheck(b.gemm.run(down, s));
     } else {
       kcheck(k::silu_mul({gu, b.act.as<uint16_t>(), rows, ffn}, s));
@@ -950,7 +976,7 @@ void cuda_engine::forward(const pass& ps, void* stream) {
       kcheck(b.gemm.run(down, s));
     }
   }
-  kcheck(k::add_rmsnorm({x, delta, w.final_norm, h, rows, hidden, eps}, s));
+  kcheck(k::add_rmsnorm({x, fused ? nullptr : delta, w.final_norm, h, rows, hidden, eps}, s));
   if (ps.outputs == 0) return;
   const uint16_t* head_in = h;
   if (!ps.decode) {

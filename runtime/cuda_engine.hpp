@@ -173,6 +173,7 @@ class cuda_engine final : public engine {
   std::map<std::string, void*> opened_pools_;    // other processes' pools, opened once each
   uint32_t* copy_ids_ = nullptr;                 // device: source then destination ids of an import
   std::set<int> peers_;             // devices whose memory this engine's context may read
+  bool fused_norm_ = true;  // batch 1: norms and residual adds inside the GEMVs (forward)
   uint32_t attention_variant_ = 0;  // kernels/attention.cuh variant: 5 on sm_90, else 0
                                     // (DUET_CUDA_ATTN_VARIANT overrides)
   uint64_t graph_steps_ = 0;
