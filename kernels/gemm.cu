@@ -72,17 +72,62 @@ __device__ __forceinline__ float inverse_rms(const gemm_params& p) {
   return rsqrtf(total / static_cast<float>(p.k) + p.x_norm_eps);
 }
 
+// Output row j of this CTA: rows 8b .. 8b + 7, or with RoPE in the epilogue, head elements
+// 4g .. 4g + 3 and their rotation partners half + 4g .. (the CTA's group g within its head).
+__device__ __forceinline__ uint32_t output_row(const gemm_params& p, int j) {
+  if (!p.y_rope.x) return blockIdx.x * sk_rows + j;
+  const uint32_t groups = p.y_rope.head_dim / sk_rows;  // CTAs per head
+  const uint32_t head = blockIdx.x / groups, g = blockIdx.x % groups;
+  return head * p.y_rope.head_dim + (j < 4 ? 0 : p.y_rope.head_dim / 2) + 4 * g + (j & 3);
+}
+
+// Thread j (< 8) of a CTA whose rows are four rotated pairs: rope_kernel_vec8's arithmetic on the
+// bf16 outputs, then the K and V heads into their slot of the pool.
+template <int max_m>
+__device__ void rope_epilogue(const gemm_params& p, int j,
+                              const float (&red)[sk_threads / 32][sk_rows][max_m]) {
+  __shared__ float out[sk_rows];
+  const rope_params& rp = p.y_rope;
+  const uint32_t n = output_row(p, j);
+  float v = 0.0f;
+#pragma unroll
+  for (int w = 0; w < sk_threads / 32; ++w) v += red[w][j][0];
+  if (p.bias) v += dev::bf(p.bias[n]);
+  out[j] = dev::rbf(v);
+  __syncwarp(0xffu);
+  const uint32_t head = n / rp.head_dim, d = n % rp.head_dim, half = rp.head_dim / 2;
+  uint16_t result = dev::to_bf(out[j]);
+  if (head < rp.q_heads + rp.k_heads) {
+    int32_t pos = rp.positions[0];
+    pos = pos < 0 ? 0 : min(pos, static_cast<int32_t>(rp.max_positions) - 1);
+    const uint32_t i = d % half;
+    const float c = dev::rbf(rp.cos[static_cast<uint64_t>(pos) * half + i]);
+    const float sv = dev::rbf(rp.sin[static_cast<uint64_t>(pos) * half + i]);
+    const float a = out[j & 3], b = out[4 + (j & 3)];
+    result = j < 4 ? dev::to_bf(dev::rbf(a * c) + dev::rbf(-b * sv))
+                   : dev::to_bf(dev::rbf(b * c) + dev::rbf(a * sv));
+  }
+  static_cast<uint16_t*>(p.y)[n] = result;
+  const int32_t s = rp.slots ? rp.slots[0] : -1;
+  if (s < 0 || head < rp.q_heads) return;
+  const uint32_t kv = head < rp.q_heads + rp.k_heads ? 0 : 1;
+  const uint32_t kv_head = head - rp.q_heads - kv * rp.k_heads;
+  uint16_t* block = rp.kv.pool + static_cast<uint64_t>(static_cast<uint32_t>(s) / rp.kv.block_tokens) *
+                                     rp.kv.block_elems;
+  block[rp.kv.offset(rp.layer, kv, kv_head, static_cast<uint32_t>(s) % rp.kv.block_tokens) + d] =
+      result;
+}
+
 template <int max_m, x_mode mode>
 __global__ void __launch_bounds__(sk_threads) skinny_kernel(gemm_params p) {
   __shared__ float red[sk_threads / 32][sk_rows][max_m];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const uint32_t n0 = blockIdx.x * sk_rows;
   const int m = static_cast<int>(p.m);
   const uint4* wrow[sk_rows];
 #pragma unroll
   for (int j = 0; j < sk_rows; ++j) {
-    wrow[j] =
-        reinterpret_cast<const uint4*>(p.w + static_cast<uint64_t>(min(n0 + j, p.n - 1)) * p.k);
+    wrow[j] = reinterpret_cast<const uint4*>(
+        p.w + static_cast<uint64_t>(min(output_row(p, j), p.n - 1)) * p.k);
   }
   const uint32_t chunks = p.k / 8;
   uint4 wv[sk_unroll][sk_rows];
@@ -140,9 +185,13 @@ __global__ void __launch_bounds__(sk_threads) skinny_kernel(gemm_params p) {
     }
   }
   __syncthreads();
+  if (p.y_rope.x) {
+    if (tid < sk_rows) rope_epilogue(p, tid, red);
+    return;
+  }
   if (tid < sk_rows * m) {
     const int j = tid / m, r = tid % m;
-    const uint32_t n = n0 + j;
+    const uint32_t n = blockIdx.x * sk_rows + j;
     if (n < p.n) {
       float v = 0.0f;
 #pragma unroll
@@ -323,7 +372,7 @@ kstatus gemm_runner::run(const gemm_params& p, cudaStream_t stream, gemm_path pa
     // Measured on the H200 (docs/cuda-engine.md): at m = 1 the skinny kernel beats cuBLASLt on
     // every Llama-8B shape (2.4-3.9 TB/s against 1.5-3.3), at m = 4 it loses (1.1-1.6
     // against 1.7-3.3).
-    const bool fused = p.x_swiglu || p.x_norm_weight || p.y_residual;
+    const bool fused = p.x_swiglu || p.x_norm_weight || p.y_residual || p.y_rope.x;
     path = (fused || (p.m == 1 && gemm_skinny_enabled())) ? gemm_path::skinny
                                                           : gemm_path::cublaslt;
   }
@@ -336,6 +385,20 @@ kstatus gemm_runner::run(const gemm_params& p, cudaStream_t stream, gemm_path pa
     DUET_KREQUIRE(!p.x_norm_weight || (p.m == 1 && !p.x_swiglu),
                   "gemm: an RMSNorm input takes one row and no SwiGLU");
     DUET_KREQUIRE(!(p.y_residual && p.y_fp32), "gemm: a residual add takes bf16 output");
+    if (p.y_rope.x) {
+      const rope_params& r = p.y_rope;
+      DUET_KREQUIRE(p.m == 1 && !p.y_fp32 && !p.y_residual && r.x == p.y && r.rows == 1,
+                    "gemm: RoPE in the epilogue takes one bf16 row, y_rope.x = y");
+      DUET_KREQUIRE(r.head_dim % 8 == 0 && r.head_dim > 0 &&
+                        p.n == (r.q_heads + 2 * r.k_heads) * r.head_dim,
+                    "gemm: RoPE in the epilogue needs n = (q_heads + 2 k_heads) * head_dim, "
+                    "head_dim a multiple of 8");
+      DUET_KREQUIRE(r.positions && r.cos && r.sin && r.max_positions > 0,
+                    "gemm: RoPE in the epilogue needs positions and tables");
+      DUET_KREQUIRE(!r.slots || (r.kv.pool && r.kv.block_tokens > 0 && r.layer < r.kv.layers &&
+                                 r.kv.head_dim == r.head_dim && r.kv.kv_heads == r.k_heads),
+                    "gemm: RoPE in the epilogue: bad KV pool, layer or heads");
+    }
     if (p.x_swiglu) {
       DUET_KCHECK(launch(skinny_kernel<1, x_mode::swiglu>, grid, dim3(sk_threads), 0, stream, p));
     } else if (p.x_norm_weight) {
@@ -349,8 +412,8 @@ kstatus gemm_runner::run(const gemm_params& p, cudaStream_t stream, gemm_path pa
     return {};
   }
   DUET_KREQUIRE(!p.x_swiglu, "gemm: cuBLASLt takes no SwiGLU input; run silu_mul first");
-  DUET_KREQUIRE(!p.x_norm_weight && !p.y_residual,
-                "gemm: cuBLASLt takes no RMSNorm input or residual add; run add_rmsnorm");
+  DUET_KREQUIRE(!p.x_norm_weight && !p.y_residual && !p.y_rope.x,
+                "gemm: cuBLASLt takes no RMSNorm input, residual add or RoPE; run their kernels");
   DUET_KREQUIRE(impl_->handle, "gemm: runner not initialised");
   const plan_key key{p.m, p.n, p.k, p.ldx, p.ldy, p.y_fp32, p.bias != nullptr};
   auto it = impl_->plans.find(key);

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "kernels/kernel_status.hpp"
+#include "kernels/rope.cuh"
 
 namespace duet::kernels {
 
@@ -44,6 +45,10 @@ struct gemm_params {
   // Skinny path, bf16 output: y = bf16(y_residual + bf16(x . w^T + bias)), the layer's residual
   // add as add_rmsnorm does it; y may be y_residual itself (each output reads only its own slot).
   const uint16_t* y_residual = nullptr;
+  // Skinny path, m = 1, bf16 output: when y_rope.x is set (to y), rope_apply's RoPE and KV append
+  // (rope.cuh; y_rope.rows = 1) on the output row, a packed q | k | v row: the same bits without
+  // the launch. A CTA then takes both halves of four rotated pairs instead of eight rows in a row.
+  rope_params y_rope{};
 };
 
 enum class gemm_path : uint8_t { automatic, cublaslt, skinny };

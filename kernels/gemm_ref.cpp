@@ -43,6 +43,11 @@ void gemm_reference(const gemm_params& p) {
       }
     }
   }
+  if (p.y_rope.x) {
+    rope_params r = p.y_rope;
+    r.x = static_cast<uint16_t*>(p.y);
+    rope_apply_reference(r);
+  }
 }
 
 }  // namespace duet::kernels

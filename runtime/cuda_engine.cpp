@@ -756,7 +756,7 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
   uint32_t bucket_step = 32;
   if (const char* v = std::getenv("DUET_DECODE_BUCKET_STEP")) bucket_step = static_cast<uint32_t>(std::atoi(v));
   buckets_ = decode_graph_buckets(params_.max_batch, bucket_step);
-  // DUET_FUSED_NORM=0: batch-1 steps run the norm and residual-add kernels apart (same bits).
+  // DUET_FUSED_NORM=0: batch-1 steps run the norm, RoPE and residual-add kernels apart (same bits).
   if (const char* v = std::getenv("DUET_FUSED_NORM")) fused_norm_ = std::string_view(v) != "0";
 
   info_.engine = "cuda";
@@ -868,8 +868,9 @@ void cuda_engine::forward(const pass& ps, void* stream) {
   auto* gu = b.gate_up.as<uint16_t>();
   auto* delta = b.delta.as<uint16_t>();
   // One row (batch-1 decode): the skinny GEMVs do the small kernels' work on the way: the qkv and
-  // gate_up GEMVs read the RMSNorm of the residual stream, the o and down GEMVs add their output
-  // to it, and the down GEMV applies SwiGLU to its input. Same bits, two launches fewer a layer.
+  // gate_up GEMVs read the RMSNorm of the residual stream, the qkv GEMV applies RoPE and appends
+  // K and V, the o and down GEMVs add their output to the residual stream, and the down GEMV
+  // applies SwiGLU to its input. The same bits, three launches fewer a layer.
   const bool fused_swiglu = rows == 1 && k::gemm_skinny_enabled();
   const bool fused = fused_swiglu && fused_norm_;
   auto norm_input = [&](k::gemm_params& g, const uint16_t* norm_weight) {
@@ -882,14 +883,6 @@ void cuda_engine::forward(const pass& ps, void* stream) {
       {w.embedding, b.dev<int32_t>(b.meta.tokens), x, rows, hidden, c.vocab_size}, s));
   for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
     const cuda_weights::layer& L = w.layers[l];
-    k::gemm_params g{h, hidden, L.qkv, L.qkv_bias, qkv, qkv_dim, rows, qkv_dim, hidden};
-    g.w_static = true;
-    if (fused) {
-      norm_input(g, L.input_norm);
-    } else {
-      kcheck(k::add_rmsnorm({x, l == 0 ? nullptr : delta, L.input_norm, h, rows, hidden, eps}, s));
-    }
-    kcheck(b.gemm.run(g, s));
     k::rope_params rp;
     rp.x = qkv;
     rp.row_stride = qkv_dim;
@@ -904,7 +897,17 @@ void cuda_engine::forward(const pass& ps, void* stream) {
     rp.slots = b.dev<int32_t>(b.meta.slots);
     rp.kv = kv;
     rp.layer = l;
-    kcheck(k::rope_apply(rp, s));
+    k::gemm_params g{h, hidden, L.qkv, L.qkv_bias, qkv, qkv_dim, rows, qkv_dim, hidden};
+    g.w_static = true;
+    if (fused) {
+      norm_input(g, L.input_norm);
+      g.y_rope = rp;
+      kcheck(b.gemm.run(g, s));
+    } else {
+      kcheck(k::add_rmsnorm({x, l == 0 ? nullptr : delta, L.input_norm, h, rows, hidden, eps}, s));
+      kcheck(b.gemm.run(g, s));
+      kcheck(k::rope_apply(rp, s));
+    }
     if (ps.decode) {
       k::decode_attention_params ap;
       ap.q = qkv;

@@ -401,6 +401,108 @@ TEST_CASE(
         std::string::npos);
 }
 
+TEST_CASE(
+    "the batch-1 qkv GEMV with RoPE and the KV append in its epilogue gives the bits of the GEMV "
+    "and rope_apply run apart") {
+  DUET_REQUIRE_GPU();
+  std::mt19937 rng(17);
+  gemm_runner runner;
+  ok(runner.init());
+  struct shape {
+    uint32_t q_heads, k_heads, head_dim, hidden;
+    bool bias;
+    int32_t position;  // past the tables: clamped
+    int slot_case;     // 0: a slot, 1: slot -1 (not stored), 2: no slots (no append)
+  };
+  const std::vector<shape> shapes = {{32, 8, 128, 4096, false, 1000, 0},
+                                     {12, 2, 128, 1536, true, 70000, 0},
+                                     {4, 2, 72, 512, false, 3, 1},
+                                     {6, 3, 64, 768, true, 17, 2}};
+  for (const shape& sh : shapes) {
+    const uint32_t d = sh.head_dim, half = d / 2, n = (sh.q_heads + 2 * sh.k_heads) * d;
+    const uint32_t max_pos = 2048, layers = 2, block_tokens = 16, blocks = 4;
+    std::vector<float> cosv(uint64_t{max_pos} * half), sinv(uint64_t{max_pos} * half);
+    std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+    for (float& v : cosv) v = unit(rng);
+    for (float& v : sinv) v = unit(rng);
+    const auto x = random_bf16(sh.hidden, rng, 2.0f);
+    const auto norm_w = random_bf16(sh.hidden, rng, 0.1f, 1.0f);
+    const auto w = random_bf16(uint64_t{n} * sh.hidden, rng, 0.05f);
+    const auto bias = random_bf16(n, rng, 0.5f);
+    const kv_pool_view kv{nullptr, kv_block_elems(layers, sh.k_heads, d, block_tokens), layers,
+                          sh.k_heads, d, block_tokens};
+    const auto pool = random_bf16(kv.block_elems * blocks, rng, 1.0f);
+    const std::vector<int32_t> pos = {sh.position}, slots = {sh.slot_case == 1 ? -1 : 2 * 16 + 5};
+    dbuf<uint16_t> dx(x), dnorm(norm_w), dw(w), dbias(bias), dh(sh.hidden), dy(n);
+    dbuf<uint16_t> apart_pool(pool), fused_pool(pool);
+    dbuf<int32_t> dpos(pos), dslots(slots);
+    dbuf<float> dcos(cosv), dsin(sinv);
+    rope_params rp;
+    rp.x = dy.get();
+    rp.row_stride = n;
+    rp.positions = dpos.get();
+    rp.cos = dcos.get();
+    rp.sin = dsin.get();
+    rp.rows = 1;
+    rp.q_heads = sh.q_heads;
+    rp.k_heads = sh.k_heads;
+    rp.head_dim = d;
+    rp.max_positions = max_pos;
+    rp.slots = sh.slot_case == 2 ? nullptr : dslots.get();
+    rp.kv = kv;
+    rp.kv.pool = apart_pool.get();
+    rp.layer = 1;
+    // Apart: norm, GEMV, rope_apply.
+    ok(add_rmsnorm({dx.get(), nullptr, dnorm.get(), dh.get(), 1, sh.hidden, 1e-5f}, nullptr));
+    gemm_params g{dh.get(), sh.hidden, dw.get(), sh.bias ? dbias.get() : nullptr, dy.get(),
+                  n,        1,         n,        sh.hidden};
+    ok(runner.run(g, nullptr, gemm_path::skinny));
+    ok(rope_apply(rp, nullptr));
+    check(cudaDeviceSynchronize(), "sync");
+    const auto apart_y = dy.download();
+    // Fused: one launch.
+    dy.poison();
+    gemm_params f = g;
+    f.x = dx.get();
+    f.x_norm_weight = dnorm.get();
+    f.x_norm_eps = 1e-5f;
+    f.y_rope = rp;
+    f.y_rope.kv.pool = fused_pool.get();
+    ok(runner.run(f, nullptr));
+    check(cudaDeviceSynchronize(), "sync");
+    const auto fused_y = dy.download();
+    INFO("q_heads " << sh.q_heads << " head_dim " << d << " slot case " << sh.slot_case);
+    CHECK(fused_y == apart_y);
+    CHECK(fused_pool.download() == apart_pool.download());
+    if (sh.slot_case != 0) CHECK(fused_pool.download() == pool);  // nothing stored
+    // Against the CPU references: the fused GEMV, then rope_apply_reference on its row.
+    std::vector<uint16_t> ref_y(n), ref_pool = pool;
+    gemm_params r = f;
+    r.x = x.data();
+    r.x_norm_weight = norm_w.data();
+    r.w = w.data();
+    r.bias = sh.bias ? bias.data() : nullptr;
+    r.y = ref_y.data();
+    r.y_rope.x = ref_y.data();
+    r.y_rope.positions = pos.data();
+    r.y_rope.cos = cosv.data();
+    r.y_rope.sin = sinv.data();
+    r.y_rope.slots = sh.slot_case == 2 ? nullptr : slots.data();
+    r.y_rope.kv.pool = ref_pool.data();
+    gemm_reference(r);
+    expect(compare_bf16(fused_y, ref_y), 1e-2, "fused qkv gemm");
+  }
+  // The epilogue needs n to be the packed heads.
+  dbuf<uint16_t> d8(64), dw8(64 * 64), dy8(64);
+  gemm_params bad{d8.get(), 64, dw8.get(), nullptr, dy8.get(), 64, 1, 64, 64};
+  bad.y_rope.x = dy8.get();
+  bad.y_rope.rows = 1;
+  bad.y_rope.q_heads = 1;
+  bad.y_rope.k_heads = 1;
+  bad.y_rope.head_dim = 64;
+  CHECK(runner.run(bad, nullptr).message().find("q_heads") != std::string::npos);
+}
+
 namespace {
 
 struct paged_setup {
