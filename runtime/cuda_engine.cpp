@@ -870,7 +870,8 @@ void cuda_engine::forward(const pass& ps, void* stream) {
   // One row (batch-1 decode): the skinny GEMVs do the small kernels' work on the way: the qkv and
   // gate_up GEMVs read the RMSNorm of the residual stream, the qkv GEMV applies RoPE and appends
   // K and V, the o and down GEMVs add their output to the residual stream, and the down GEMV
-  // applies SwiGLU to its input. The same bits, three launches fewer a layer.
+  // applies SwiGLU to its input. The same bits, three launches fewer a layer (and the final norm
+  // goes into the LM head's GEMV).
   const bool fused_swiglu = rows == 1 && k::gemm_skinny_enabled();
   const bool fused = fused_swiglu && fused_norm_;
   auto norm_input = [&](k::gemm_params& g, const uint16_t* norm_weight) {
@@ -979,7 +980,10 @@ void cuda_engine::forward(const pass& ps, void* stream) {
       kcheck(b.gemm.run(down, s));
     }
   }
-  kcheck(k::add_rmsnorm({x, fused ? nullptr : delta, w.final_norm, h, rows, hidden, eps}, s));
+  // A batch-1 decode step's LM head GEMV reads the final norm of the residual stream itself.
+  const bool norm_in_head = fused && ps.decode;
+  if (!norm_in_head)
+    kcheck(k::add_rmsnorm({x, fused ? nullptr : delta, w.final_norm, h, rows, hidden, eps}, s));
   if (ps.outputs == 0) return;
   const uint16_t* head_in = h;
   if (!ps.decode) {
@@ -992,6 +996,7 @@ void cuda_engine::forward(const pass& ps, void* stream) {
                       c.vocab_size, out_rows, c.vocab_size, hidden};
   head.y_fp32 = true;
   head.w_static = true;
+  if (norm_in_head) norm_input(head, w.final_norm);
   kcheck(b.gemm.run(head, s));
   k::sample_params sp;
   sp.logits = b.logits.as<float>();
