@@ -29,10 +29,10 @@ constexpr int sk_unroll = 2;
 static_assert(sk_threads == rmsnorm_threads, "the norm's sum must run in add_rmsnorm's order");
 
 // What the kernel reads as its input row.
-enum class x_mode : int { plain, swiglu, rmsnorm };
+enum class x_mode : int { plain, swiglu, rmsnorm, rmsnorm_scale_last };
 
 template <x_mode mode>
-__device__ __forceinline__ void x_chunk(const gemm_params& p, int r, uint32_t c, float inv,
+__device__ __forceinline__ void x_chunk(const gemm_params& p, int r, uint32_t c, float& inv,
                                         float (&x)[8]) {
   const uint16_t* row = p.x + static_cast<uint64_t>(r) * p.ldx;
   if constexpr (mode == x_mode::swiglu) {
@@ -47,6 +47,15 @@ __device__ __forceinline__ void x_chunk(const gemm_params& p, int r, uint32_t c,
     dev::unpack8(reinterpret_cast<const uint4*>(p.x_norm_weight)[c], w);
 #pragma unroll
     for (int i = 0; i < 8; ++i) x[i] = dev::rbf(w[i] * dev::rbf(x[i] * inv));
+  } else if constexpr (mode == x_mode::rmsnorm_scale_last) {
+    float w[8];
+    dev::unpack8(reinterpret_cast<const uint4*>(row)[c], x);
+    dev::unpack8(reinterpret_cast<const uint4*>(p.x_norm_weight)[c], w);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      inv = fmaf(x[i], x[i], inv);  // here the running sum of squares (the caller's order)
+      x[i] *= w[i];
+    }
   } else {
     dev::unpack8(reinterpret_cast<const uint4*>(row)[c], x);
   }
@@ -85,13 +94,14 @@ __device__ __forceinline__ uint32_t output_row(const gemm_params& p, int j) {
 // bf16 outputs, then the K and V heads into their slot of the pool.
 template <int max_m>
 __device__ void rope_epilogue(const gemm_params& p, int j,
-                              const float (&red)[sk_threads / 32][sk_rows][max_m]) {
+                              const float (&red)[sk_threads / 32][sk_rows][max_m], float scale) {
   __shared__ float out[sk_rows];
   const rope_params& rp = p.y_rope;
   const uint32_t n = output_row(p, j);
   float v = 0.0f;
 #pragma unroll
   for (int w = 0; w < sk_threads / 32; ++w) v += red[w][j][0];
+  v *= scale;
   if (p.bias) v += dev::bf(p.bias[n]);
   out[j] = dev::rbf(v);
   __syncwarp(0xffu);
@@ -143,10 +153,11 @@ __global__ void __launch_bounds__(sk_threads) skinny_kernel(gemm_params p) {
   // Weights that no earlier kernel writes stream in before the wait for the previous kernel.
   if (p.w_static) load_w(tid);
   dev::pdl_wait();
-  dev::pdl_launch_dependents();
+  if (!p.late_dependents) dev::pdl_launch_dependents();
   if (!p.w_static) load_w(tid);
-  // The norm's scale, while the first weights are in flight.
-  float inv = 1.0f;
+  // The norm's scale, while the first weights are in flight; or, scaling last, the thread's sum
+  // of squares over its chunks.
+  float inv = mode == x_mode::rmsnorm_scale_last ? 0.0f : 1.0f;
   if constexpr (mode == x_mode::rmsnorm) inv = inverse_rms(p);
   float acc[sk_rows][max_m] = {};
   for (uint32_t base = tid; base < chunks; base += sk_threads * sk_unroll) {
@@ -184,9 +195,22 @@ __global__ void __launch_bounds__(sk_threads) skinny_kernel(gemm_params p) {
       }
     }
   }
-  __syncthreads();
+  float scale = 1.0f;
+  if constexpr (mode == x_mode::rmsnorm_scale_last) {
+    __shared__ float squares[sk_threads / 32];
+    const float ss = dev::warp_sum(inv);
+    if (lane == 0) squares[warp] = ss;
+    __syncthreads();
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < sk_threads / 32; ++w) total += squares[w];  // add_rmsnorm's order
+    scale = rsqrtf(total / static_cast<float>(p.k) + p.x_norm_eps);
+  } else {
+    __syncthreads();
+  }
+  if (p.late_dependents) dev::pdl_launch_dependents();
   if (p.y_rope.x) {
-    if (tid < sk_rows) rope_epilogue(p, tid, red);
+    if (tid < sk_rows) rope_epilogue(p, tid, red, scale);
     return;
   }
   if (tid < sk_rows * m) {
@@ -196,6 +220,7 @@ __global__ void __launch_bounds__(sk_threads) skinny_kernel(gemm_params p) {
       float v = 0.0f;
 #pragma unroll
       for (int w = 0; w < sk_threads / 32; ++w) v += red[w][j][r];
+      v *= scale;
       if (p.bias) v += dev::bf(p.bias[n]);
       const uint64_t at = static_cast<uint64_t>(r) * p.ldy + n;
       if (p.y_fp32) {
@@ -401,6 +426,9 @@ kstatus gemm_runner::run(const gemm_params& p, cudaStream_t stream, gemm_path pa
     }
     if (p.x_swiglu) {
       DUET_KCHECK(launch(skinny_kernel<1, x_mode::swiglu>, grid, dim3(sk_threads), 0, stream, p));
+    } else if (p.x_norm_weight && p.x_norm_scale_last) {
+      DUET_KCHECK(launch(skinny_kernel<1, x_mode::rmsnorm_scale_last>, grid, dim3(sk_threads), 0,
+                         stream, p));
     } else if (p.x_norm_weight) {
       DUET_KCHECK(launch(skinny_kernel<1, x_mode::rmsnorm>, grid, dim3(sk_threads), 0, stream, p));
     } else if (p.m == 1) {

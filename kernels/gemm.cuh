@@ -42,6 +42,12 @@ struct gemm_params {
   // add_rmsnorm sums (the same bits), so the norm kernel before a batch-1 GEMV is not needed.
   const uint16_t* x_norm_weight = nullptr;
   float x_norm_eps = 0.0f;
+  // With x_norm_weight: sum x_norm_weight * x against the weights and scale the sums by the
+  // norm's 1/rms at the end (the same 1/rms bits), so no CTA waits for the norm before its main
+  // loop; the normalized input is then not rounded to bf16 (within bf16 noise of the above).
+  bool x_norm_scale_last = false;
+  // Let the next kernel's CTAs launch (PDL) only after this one's main loop, not at its start.
+  bool late_dependents = false;
   // Skinny path, bf16 output: y = bf16(y_residual + bf16(x . w^T + bias)), the layer's residual
   // add as add_rmsnorm does it; y may be y_residual itself (each output reads only its own slot).
   const uint16_t* y_residual = nullptr;

@@ -756,8 +756,12 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
   uint32_t bucket_step = 32;
   if (const char* v = std::getenv("DUET_DECODE_BUCKET_STEP")) bucket_step = static_cast<uint32_t>(std::atoi(v));
   buckets_ = decode_graph_buckets(params_.max_batch, bucket_step);
-  // DUET_FUSED_NORM=0: batch-1 steps run the norm, RoPE and residual-add kernels apart (same bits).
-  if (const char* v = std::getenv("DUET_FUSED_NORM")) fused_norm_ = std::string_view(v) != "0";
+  // Batch-1 fusions (forward): DUET_FUSED_NORM is a mask of them (0: the kernels apart).
+  // DUET_GEMV_NORM_SCALE_LAST=1 scales by the norm after the GEMV's sums; DUET_GEMV_LATE_TRIGGER=1
+  // lets the attention after a RoPE GEMV launch only at that GEMV's end.
+  if (const char* v = std::getenv("DUET_FUSED_NORM")) fusions_ = static_cast<uint32_t>(std::atoi(v));
+  if (const char* v = std::getenv("DUET_GEMV_NORM_SCALE_LAST")) norm_scale_last_ = std::string_view(v) == "1";
+  if (const char* v = std::getenv("DUET_GEMV_LATE_TRIGGER")) late_trigger_ = std::string_view(v) == "1";
 
   info_.engine = "cuda";
   info_.model = params_.served_name;
@@ -873,11 +877,13 @@ void cuda_engine::forward(const pass& ps, void* stream) {
   // applies SwiGLU to its input. The same bits, three launches fewer a layer (and the final norm
   // goes into the LM head's GEMV).
   const bool fused_swiglu = rows == 1 && k::gemm_skinny_enabled();
-  const bool fused = fused_swiglu && fused_norm_;
+  const bool fused = fused_swiglu && (fusions_ & fuse_norms) != 0;
+  const bool fused_rope = fused_swiglu && (fusions_ & fuse_rope) != 0;
   auto norm_input = [&](k::gemm_params& g, const uint16_t* norm_weight) {
     g.x = x;
     g.x_norm_weight = norm_weight;
     g.x_norm_eps = eps;
+    g.x_norm_scale_last = norm_scale_last_;
   };
 
   kcheck(k::embedding_gather(
@@ -902,13 +908,15 @@ void cuda_engine::forward(const pass& ps, void* stream) {
     g.w_static = true;
     if (fused) {
       norm_input(g, L.input_norm);
-      g.y_rope = rp;
-      kcheck(b.gemm.run(g, s));
     } else {
       kcheck(k::add_rmsnorm({x, l == 0 ? nullptr : delta, L.input_norm, h, rows, hidden, eps}, s));
-      kcheck(b.gemm.run(g, s));
-      kcheck(k::rope_apply(rp, s));
     }
+    if (fused_rope) {
+      g.y_rope = rp;
+      g.late_dependents = late_trigger_;
+    }
+    kcheck(b.gemm.run(g, s));
+    if (!fused_rope) kcheck(k::rope_apply(rp, s));
     if (ps.decode) {
       k::decode_attention_params ap;
       ap.q = qkv;
@@ -981,7 +989,7 @@ void cuda_engine::forward(const pass& ps, void* stream) {
     }
   }
   // A batch-1 decode step's LM head GEMV reads the final norm of the residual stream itself.
-  const bool norm_in_head = fused && ps.decode;
+  const bool norm_in_head = fused && (fusions_ & fuse_head) != 0 && ps.decode;
   if (!norm_in_head)
     kcheck(k::add_rmsnorm({x, fused ? nullptr : delta, w.final_norm, h, rows, hidden, eps}, s));
   if (ps.outputs == 0) return;

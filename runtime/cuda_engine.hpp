@@ -173,7 +173,11 @@ class cuda_engine final : public engine {
   std::map<std::string, void*> opened_pools_;    // other processes' pools, opened once each
   uint32_t* copy_ids_ = nullptr;                 // device: source then destination ids of an import
   std::set<int> peers_;             // devices whose memory this engine's context may read
-  bool fused_norm_ = true;  // batch 1: norms and residual adds inside the GEMVs (forward)
+  // Batch 1: what the GEMVs do beside their product (forward; DUET_FUSED_NORM).
+  static constexpr uint32_t fuse_norms = 1, fuse_rope = 2, fuse_head = 4;
+  uint32_t fusions_ = fuse_norms | fuse_rope | fuse_head;
+  bool norm_scale_last_ = false;
+  bool late_trigger_ = false;
   uint32_t attention_variant_ = 0;  // kernels/attention.cuh variant: 5 on sm_90, else 0
                                     // (DUET_CUDA_ATTN_VARIANT overrides)
   uint64_t graph_steps_ = 0;

@@ -389,6 +389,14 @@ TEST_CASE(
     // Bound 1e-2 as for the plain GEMV (fp32 sums in another order; the norm's inputs round the
     // same way).
     expect(compare_bf16(fused_y, ref), 1e-2, "fused gemm");
+    if (s.norm) {  // scaled by the norm after the sums: the input unrounded, within bf16 noise
+      dy.poison();
+      gemm_params late = fused;
+      late.x_norm_scale_last = true;
+      ok(runner.run(late, nullptr));
+      check(cudaDeviceSynchronize(), "sync");
+      expect(compare_bf16(dy.download(), ref), 1e-2, "gemm scaled by the norm last");
+    }
   }
   // The fused inputs take one row and bf16 output, and cuBLASLt refuses them.
   dbuf<uint16_t> d8(64), dw8(64 * 64), dy8(2 * 64);
@@ -474,6 +482,13 @@ TEST_CASE(
     INFO("q_heads " << sh.q_heads << " head_dim " << d << " slot case " << sh.slot_case);
     CHECK(fused_y == apart_y);
     CHECK(fused_pool.download() == apart_pool.download());
+    // The attention after it launching only at its end changes no bit.
+    dy.poison();
+    gemm_params late = f;
+    late.late_dependents = true;
+    ok(runner.run(late, nullptr));
+    check(cudaDeviceSynchronize(), "sync");
+    CHECK(dy.download() == apart_y);
     if (sh.slot_case != 0) CHECK(fused_pool.download() == pool);  // nothing stored
     // Against the CPU references: the fused GEMV, then rope_apply_reference on its row.
     std::vector<uint16_t> ref_y(n), ref_pool = pool;
