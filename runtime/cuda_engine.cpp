@@ -756,7 +756,8 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
   uint32_t bucket_step = 32;
   if (const char* v = std::getenv("DUET_DECODE_BUCKET_STEP")) bucket_step = static_cast<uint32_t>(std::atoi(v));
   buckets_ = decode_graph_buckets(params_.max_batch, bucket_step);
-  // Batch-1 fusions (forward): DUET_FUSED_NORM is a mask of them (0: the kernels apart).
+  // Batch-1 fusions (forward): DUET_FUSED_NORM is a mask of them (1: norms and residual adds, 2:
+  // RoPE and the KV append, 4: the final norm; 0, the default: the kernels apart).
   // DUET_GEMV_NORM_SCALE_LAST=1 scales by the norm after the GEMV's sums; DUET_GEMV_LATE_TRIGGER=1
   // lets the attention after a RoPE GEMV launch only at that GEMV's end.
   if (const char* v = std::getenv("DUET_FUSED_NORM")) fusions_ = static_cast<uint32_t>(std::atoi(v));

@@ -235,6 +235,7 @@ TEST_CASE(
     cuda_engine_params gp;
     gp.kv_blocks = 64;
     gp.max_batch = 4;
+    ::setenv("DUET_FUSED_NORM", "7", 1);  // every fusion
     cuda_engine fused(dir, gp);
     ::setenv("DUET_FUSED_NORM", "0", 1);
     cuda_engine apart(dir, gp);
