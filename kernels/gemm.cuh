@@ -3,15 +3,13 @@
 // row-major [n, k] as Hugging Face stores them. Large m goes through cuBLASLt (algorithm picked
 // per shape; for m a multiple of 64 the candidates are timed on first use outside graph
 // capture); m <= gemm_skinny_max_rows can use a bandwidth-bound kernel of our own (picked for m =
-// 1), which may also apply SwiGLU (x = silu_mul(gate_up), silu_mul.cuh) or RMSNorm (rmsnorm.cuh)
-// to its input on the fly and add its output to the residual stream.
+// 1), which may also apply SwiGLU to its input on the fly (x = silu_mul(gate_up), silu_mul.cuh).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <memory>
 
 #include "kernels/kernel_status.hpp"
-#include "kernels/rope.cuh"
 
 namespace duet::kernels {
 
@@ -37,24 +35,6 @@ struct gemm_params {
   // then loads its first weight chunks before waiting for the previous kernel (PDL), so a GEMV's
   // weight stream starts while the kernel before it finishes.
   bool w_static = false;
-  // Skinny path, m = 1: x is the residual stream and the GEMV reads its RMSNorm instead,
-  // bf16(x_norm_weight[i] * bf16(x[i] * rsqrt(mean(x^2) + x_norm_eps))), summed in the order
-  // add_rmsnorm sums (the same bits), so the norm kernel before a batch-1 GEMV is not needed.
-  const uint16_t* x_norm_weight = nullptr;
-  float x_norm_eps = 0.0f;
-  // With x_norm_weight: sum x_norm_weight * x against the weights and scale the sums by the
-  // norm's 1/rms at the end (the same 1/rms bits), so no CTA waits for the norm before its main
-  // loop; the normalized input is then not rounded to bf16 (within bf16 noise of the above).
-  bool x_norm_scale_last = false;
-  // Let the next kernel's CTAs launch (PDL) only after this one's main loop, not at its start.
-  bool late_dependents = false;
-  // Skinny path, bf16 output: y = bf16(y_residual + bf16(x . w^T + bias)), the layer's residual
-  // add as add_rmsnorm does it; y may be y_residual itself (each output reads only its own slot).
-  const uint16_t* y_residual = nullptr;
-  // Skinny path, m = 1, bf16 output: when y_rope.x is set (to y), rope_apply's RoPE and KV append
-  // (rope.cuh; y_rope.rows = 1) on the output row, a packed q | k | v row: the same bits without
-  // the launch. A CTA then takes both halves of four rotated pairs instead of eight rows in a row.
-  rope_params y_rope{};
 };
 
 enum class gemm_path : uint8_t { automatic, cublaslt, skinny };
@@ -69,8 +49,7 @@ class gemm_runner {
 
   /// Creates the handle and a workspace on the current device.
   kstatus init(uint64_t workspace_bytes = 32ull << 20);
-  /// automatic: skinny for m = 1 (unless disabled) or whenever x_swiglu, x_norm_weight or
-/// y_residual is set, cuBLASLt otherwise;
+  /// automatic: skinny for m = 1 (unless disabled) or whenever x_swiglu, cuBLASLt otherwise;
   /// skinny takes m <= gemm_skinny_max_rows when asked for.
   kstatus run(const gemm_params& p, cudaStream_t stream, gemm_path path = gemm_path::automatic);
 

@@ -6,7 +6,7 @@ namespace duet::kernels {
 
 namespace {
 
-constexpr int threads = rmsnorm_threads;
+constexpr int threads = 256;
 
 // One CTA per row; the row's (summed) values stay in shared memory between the two passes.
 __global__ void __launch_bounds__(threads) rmsnorm_kernel(rmsnorm_params p) {

@@ -11,10 +11,6 @@
 
 namespace duet::kernels {
 
-// Threads of the norm kernel's CTA: the order of its sum of squares, which the skinny GEMV that
-// reads the norm of its input (gemm.cuh, x_norm_weight) repeats to get the same bits.
-inline constexpr int rmsnorm_threads = 256;
-
 struct rmsnorm_params {
   uint16_t* residual = nullptr;      // [rows, hidden] bf16, read; written when delta != nullptr
   const uint16_t* delta = nullptr;   // [rows, hidden] bf16 or nullptr (no add)

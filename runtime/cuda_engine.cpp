@@ -756,13 +756,6 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
   uint32_t bucket_step = 32;
   if (const char* v = std::getenv("DUET_DECODE_BUCKET_STEP")) bucket_step = static_cast<uint32_t>(std::atoi(v));
   buckets_ = decode_graph_buckets(params_.max_batch, bucket_step);
-  // Batch-1 fusions (forward): DUET_FUSED_NORM is a mask of them (1: norms and residual adds, 2:
-  // RoPE and the KV append, 4: the final norm; 0, the default: the kernels apart).
-  // DUET_GEMV_NORM_SCALE_LAST=1 scales by the norm after the GEMV's sums; DUET_GEMV_LATE_TRIGGER=1
-  // lets the attention after a RoPE GEMV launch only at that GEMV's end.
-  if (const char* v = std::getenv("DUET_FUSED_NORM")) fusions_ = static_cast<uint32_t>(std::atoi(v));
-  if (const char* v = std::getenv("DUET_GEMV_NORM_SCALE_LAST")) norm_scale_last_ = std::string_view(v) == "1";
-  if (const char* v = std::getenv("DUET_GEMV_LATE_TRIGGER")) late_trigger_ = std::string_view(v) == "1";
 
   info_.engine = "cuda";
   info_.model = params_.served_name;
@@ -872,25 +865,17 @@ void cuda_engine::forward(const pass& ps, void* stream) {
   auto* attn = b.attn.as<uint16_t>();
   auto* gu = b.gate_up.as<uint16_t>();
   auto* delta = b.delta.as<uint16_t>();
-  // One row (batch-1 decode): the skinny GEMVs do the small kernels' work on the way: the qkv and
-  // gate_up GEMVs read the RMSNorm of the residual stream, the qkv GEMV applies RoPE and appends
-  // K and V, the o and down GEMVs add their output to the residual stream, and the down GEMV
-  // applies SwiGLU to its input. The same bits, three launches fewer a layer (and the final norm
-  // goes into the LM head's GEMV).
+  // One row (batch-1 decode): SwiGLU is applied inside the down projection's skinny GEMM.
   const bool fused_swiglu = rows == 1 && k::gemm_skinny_enabled();
-  const bool fused = fused_swiglu && (fusions_ & fuse_norms) != 0;
-  const bool fused_rope = fused_swiglu && (fusions_ & fuse_rope) != 0;
-  auto norm_input = [&](k::gemm_params& g, const uint16_t* norm_weight) {
-    g.x = x;
-    g.x_norm_weight = norm_weight;
-    g.x_norm_eps = eps;
-    g.x_norm_scale_last = norm_scale_last_;
-  };
 
   kcheck(k::embedding_gather(
       {w.embedding, b.dev<int32_t>(b.meta.tokens), x, rows, hidden, c.vocab_size}, s));
   for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
     const cuda_weights::layer& L = w.layers[l];
+    kcheck(k::add_rmsnorm({x, l == 0 ? nullptr : delta, L.input_norm, h, rows, hidden, eps}, s));
+    k::gemm_params g{h, hidden, L.qkv, L.qkv_bias, qkv, qkv_dim, rows, qkv_dim, hidden};
+    g.w_static = true;
+    kcheck(b.gemm.run(g, s));
     k::rope_params rp;
     rp.x = qkv;
     rp.row_stride = qkv_dim;
@@ -905,19 +890,7 @@ void cuda_engine::forward(const pass& ps, void* stream) {
     rp.slots = b.dev<int32_t>(b.meta.slots);
     rp.kv = kv;
     rp.layer = l;
-    k::gemm_params g{h, hidden, L.qkv, L.qkv_bias, qkv, qkv_dim, rows, qkv_dim, hidden};
-    g.w_static = true;
-    if (fused) {
-      norm_input(g, L.input_norm);
-    } else {
-      kcheck(k::add_rmsnorm({x, l == 0 ? nullptr : delta, L.input_norm, h, rows, hidden, eps}, s));
-    }
-    if (fused_rope) {
-      g.y_rope = rp;
-      g.late_dependents = late_trigger_;
-    }
-    kcheck(b.gemm.run(g, s));
-    if (!fused_rope) kcheck(k::rope_apply(rp, s));
+    kcheck(k::rope_apply(rp, s));
     if (ps.decode) {
       k::decode_attention_params ap;
       ap.q = qkv;
@@ -960,27 +933,15 @@ void cuda_engine::forward(const pass& ps, void* stream) {
     }
     k::gemm_params o{attn, qd, L.o, L.o_bias, delta, hidden, rows, hidden, qd};
     o.w_static = true;
-    if (fused) {
-      o.y = x;
-      o.y_residual = x;
-    }
     kcheck(b.gemm.run(o, s));
+    kcheck(k::add_rmsnorm({x, delta, L.post_norm, h, rows, hidden, eps}, s));
     k::gemm_params gate_up{h, hidden, L.gate_up, nullptr, gu, 2 * ffn, rows, 2 * ffn, hidden};
     gate_up.w_static = true;
-    if (fused) {
-      norm_input(gate_up, L.post_norm);
-    } else {
-      kcheck(k::add_rmsnorm({x, delta, L.post_norm, h, rows, hidden, eps}, s));
-    }
     kcheck(b.gemm.run(gate_up, s));
     if (fused_swiglu) {
       k::gemm_params down{gu, 2 * ffn, L.down, nullptr, delta, hidden, rows, hidden, ffn};
       down.x_swiglu = true;
       down.w_static = true;
-      if (fused) {
-        down.y = x;
-        down.y_residual = x;
-      }
       kcheck(b.gemm.run(down, s));
     } else {
       kcheck(k::silu_mul({gu, b.act.as<uint16_t>(), rows, ffn}, s));
@@ -989,10 +950,7 @@ void cuda_engine::forward(const pass& ps, void* stream) {
       kcheck(b.gemm.run(down, s));
     }
   }
-  // A batch-1 decode step's LM head GEMV reads the final norm of the residual stream itself.
-  const bool norm_in_head = fused && (fusions_ & fuse_head) != 0 && ps.decode;
-  if (!norm_in_head)
-    kcheck(k::add_rmsnorm({x, fused ? nullptr : delta, w.final_norm, h, rows, hidden, eps}, s));
+  kcheck(k::add_rmsnorm({x, delta, w.final_norm, h, rows, hidden, eps}, s));
   if (ps.outputs == 0) return;
   const uint16_t* head_in = h;
   if (!ps.decode) {
@@ -1005,7 +963,6 @@ void cuda_engine::forward(const pass& ps, void* stream) {
                       c.vocab_size, out_rows, c.vocab_size, hidden};
   head.y_fp32 = true;
   head.w_static = true;
-  if (norm_in_head) norm_input(head, w.final_norm);
   kcheck(b.gemm.run(head, s));
   k::sample_params sp;
   sp.logits = b.logits.as<float>();

@@ -173,13 +173,6 @@ class cuda_engine final : public engine {
   std::map<std::string, void*> opened_pools_;    // other processes' pools, opened once each
   uint32_t* copy_ids_ = nullptr;                 // device: source then destination ids of an import
   std::set<int> peers_;             // devices whose memory this engine's context may read
-  // Batch 1: what the GEMVs do beside their product (forward; DUET_FUSED_NORM).
-  static constexpr uint32_t fuse_norms = 1, fuse_rope = 2, fuse_head = 4;
-  // Off by default: on the H200 all three made the batch-1 step 6.5 % slower (2026-12-03,
-  // docs/cuda-engine.md), though they save three launches a layer.
-  uint32_t fusions_ = 0;
-  bool norm_scale_last_ = false;
-  bool late_trigger_ = false;
   uint32_t attention_variant_ = 0;  // kernels/attention.cuh variant: 5 on sm_90, else 0
                                     // (DUET_CUDA_ATTN_VARIANT overrides)
   uint64_t graph_steps_ = 0;
