@@ -86,16 +86,22 @@ std::vector<prefill_chunk> whole(const std::vector<sequence>& seqs) {
   return chunks;
 }
 
+/// Appends next[i] to sequence i and returns the decode slots of every sequence.
+std::vector<decode_slot> append_tokens(std::vector<sequence>& seqs, const std::vector<int32_t>& next) {
+  std::vector<decode_slot> slots;
+  for (std::size_t i = 0; i < seqs.size(); ++i) {
+    seqs[i].tokens.push_back(next[i]);
+    slots.push_back({seqs[i].id, seqs[i].tokens, seqs[i].blocks, nullptr});
+  }
+  return slots;
+}
+
 /// Greedy decode steps of `seqs` on both engines, fed `graphs`' tokens: every step's logits of
 /// `eager` (graphs off) within 1e-2 relative of `graphs`' (graphs on).
 void decode_graphs_against_eager(cuda_engine& graphs, cuda_engine& eager, std::vector<sequence>& seqs,
                                  std::vector<int32_t> next, int steps) {
   for (int step = 0; step < steps; ++step) {
-    std::vector<decode_slot> slots;
-    for (std::size_t i = 0; i < seqs.size(); ++i) {
-      seqs[i].tokens.push_back(next[i]);
-      slots.push_back({seqs[i].id, seqs[i].tokens, seqs[i].blocks, nullptr});
-    }
+    const std::vector<decode_slot> slots = append_tokens(seqs, next);
     const auto ga = graphs.decode(slots);
     (void)eager.decode(slots);
     REQUIRE(ga.tokens.size() == seqs.size());
@@ -139,11 +145,7 @@ TEST_CASE(
     // Teacher-forced decode: both engines get the CPU engine's greedy tokens.
     std::vector<int32_t> next = cpu_out.tokens;
     for (int step = 0; step < 6; ++step) {
-      std::vector<decode_slot> slots;
-      for (std::size_t i = 0; i < seqs.size(); ++i) {
-        seqs[i].tokens.push_back(next[i]);
-        slots.push_back({seqs[i].id, seqs[i].tokens, seqs[i].blocks, nullptr});
-      }
+      const std::vector<decode_slot> slots = append_tokens(seqs, next);
       const auto c = cpu.decode(slots);
       (void)gpu.decode(slots);
       for (std::size_t i = 0; i < seqs.size(); ++i) {
