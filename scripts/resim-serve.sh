@@ -69,10 +69,11 @@ for live_file, sim_file in runs():
     for key, q in (("ttft_s", "p50"), ("ttft_s", "p99"), ("itl_s", "p50"), ("itl_s", "p99")):
         a, b = live[key][q] * 1e3, sim[key][q] * 1e3
         cells.append(f"{a:.1f} / {b:.1f} ({(b / a - 1) * 100:+.0f}%)")
-    if banded and band(sim_file):
-        lo, hi = band(sim_file)["faster"]["ttft_p99_s"] * 1e3, band(sim_file)["slower"]["ttft_p99_s"] * 1e3
+    speed = band(sim_file) if banded else None
+    if speed:
+        lo, hi = speed["faster"]["ttft_p99_s"] * 1e3, speed["slower"]["ttft_p99_s"] * 1e3
         inside = "live inside" if lo <= live["ttft_s"]["p99"] * 1e3 <= hi else "live outside"
-        cells.append(f"{lo:.0f}–{hi:.0f} at ±{band(sim_file)['spread'] * 100:.0f} % ({inside})")
+        cells.append(f"{lo:.0f}–{hi:.0f} at ±{speed['spread'] * 100:.0f} % ({inside})")
     print(f"| {live_file.stem} | " + " | ".join(cells) + " |")
 # The engine step times (hop counters, mean ms per step), where the live run recorded them.
 print()
