@@ -753,9 +753,7 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
     staged_reads_ = std::string_view(v) != "0";
   // Multiples of 32 above 32: a batch of 129 runs 160 rows, not 256 (a bucket's GEMMs cost as
   // its rows do; docs/cuda-engine.md). DUET_DECODE_BUCKET_STEP=0: powers of two only.
-  uint32_t bucket_step = 32;
-  if (const char* v = std::getenv("DUET_DECODE_BUCKET_STEP")) bucket_step = static_cast<uint32_t>(std::atoi(v));
-  buckets_ = decode_graph_buckets(params_.max_batch, bucket_step);
+  buckets_ = decode_graph_buckets(params_.max_batch, decode_bucket_step_from_env());
 
   info_.engine = "cuda";
   info_.model = params_.served_name;

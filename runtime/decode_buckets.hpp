@@ -2,6 +2,7 @@
 // The batch sizes a CUDA engine captures decode graphs for: a step of n sequences replays the
 // graph of the smallest bucket >= n, its extra rows padded (docs/cuda-engine.md, "Decode graphs").
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 namespace duet {
@@ -18,6 +19,13 @@ namespace duet {
   }
   if (max_batch > 0) out.push_back(max_batch);
   return out;
+}
+
+/// The step the CUDA engine captures its decode graphs at: 32, or DUET_DECODE_BUCKET_STEP
+/// (0: powers of two only). The simulator reads it too, so it prices a run as it ran.
+[[nodiscard]] inline uint32_t decode_bucket_step_from_env() {
+  const char* v = std::getenv("DUET_DECODE_BUCKET_STEP");
+  return v ? static_cast<uint32_t>(std::atoi(v)) : 32u;
 }
 
 }  // namespace duet

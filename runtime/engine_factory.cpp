@@ -2,6 +2,7 @@
 #include <stdexcept>
 
 #include "runtime/cpu_engine.hpp"
+#include "runtime/decode_buckets.hpp"
 #include "runtime/engine.hpp"
 #include "runtime/sim_engine.hpp"
 #ifdef DUET_HAVE_CUDA
@@ -23,8 +24,13 @@ std::unique_ptr<engine> make_engine(const deployment_config& config, const actor
   if (!shape) throw std::runtime_error("unknown model preset '" + config.model.preset + "'");
   auto gpu = find_gpu_spec(config.engine.gpu);
   if (!gpu) throw std::runtime_error("unknown GPU '" + config.engine.gpu + "'");
-  return std::make_unique<sim_engine>(*shape, *gpu, config.model.name, config.model.max_context,
-                                      config.model.block_tokens, actor.sm_share, config.engine.time_scale);
+  auto engine = std::make_unique<sim_engine>(*shape, *gpu, config.model.name, config.model.max_context,
+                                             config.model.block_tokens, actor.sm_share,
+                                             config.engine.time_scale);
+  // It models the CUDA engine: a decode step costs as the graph it would replay.
+  if (actor.role == actor_role::decode)
+    engine->set_decode_graph_buckets(decode_graph_buckets(actor.max_batch, decode_bucket_step_from_env()));
+  return engine;
 }
 
 std::map<std::string, kv_pool_seat> plan_shared_kv_pools(const deployment_config& config, const node_config& node) {

@@ -61,18 +61,23 @@ double fraction(const std::filesystem::path& file, const toml::node& node, std::
   return v;
 }
 
+/// Points (shape, value) with ascending shapes: fractions of a peak in (0, 1], or, with
+/// `factors`, any positive multipliers.
 efficiency_curve curve(const std::filesystem::path& file, const toml::node& node,
-                       std::string_view key) {
+                       std::string_view key, bool factors = false) {
+  const char* value_name = factors ? "factor" : "fraction";
   const auto* array = node.as_array();
   if (!array || array->empty())
-    fail(file, &node, key, "must be a non-empty array of [shape, fraction] pairs");
+    fail(file, &node, key,
+         std::string("must be a non-empty array of [shape, ") + value_name + "] pairs");
   efficiency_curve out;
   for (const auto& item : *array) {
     const auto* pair = item.as_array();
     if (!pair || pair->size() != 2)
-      fail(file, &item, key, "each entry must be a [shape, fraction] pair");
+      fail(file, &item, key, std::string("each entry must be a [shape, ") + value_name + "] pair");
     const double shape = number(file, *pair->get(0), key, true);
-    const double f = fraction(file, *pair->get(1), key);
+    const double f =
+        factors ? number(file, *pair->get(1), key, true) : fraction(file, *pair->get(1), key);
     if (!out.points.empty() && shape <= out.points.back().first) {
       fail(file, &item, key, "shapes must be strictly ascending");
     }
@@ -88,7 +93,8 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
       "gemm", "attention", "memory", "split_bandwidth", "split_kv_bandwidth", "split_compute",
       "concurrent_decode_slowdown",
       "concurrent_prefill_slowdown", "concurrent_decode_delay_s", "concurrent_decode_tile_keys",
-      "concurrent_decode_delay_by_overlap", "concurrent_prefill_yield", "concurrent_prefill_attention_yield", "shared_prefill_delay_s"};
+      "concurrent_decode_delay_by_overlap", "concurrent_prefill_yield", "concurrent_prefill_attention_yield",
+      "concurrent_prefill_yield_scale", "concurrent_decode_delay_scale", "shared_prefill_delay_s"};
   gpu_calibration cal;
   cal.source = file.string();
   for (const auto& [k, v] : root) {
@@ -138,6 +144,10 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
   if (const auto* n = root.get("concurrent_prefill_attention_yield"))
     cal.concurrent_prefill_attention_yield =
         fraction(file, *n, "concurrent_prefill_attention_yield");
+  for (auto [key, slot] : {std::pair{"concurrent_prefill_yield_scale", &cal.concurrent_prefill_yield_scale},
+                           std::pair{"concurrent_decode_delay_scale", &cal.concurrent_decode_delay_scale}}) {
+    if (const auto* n = root.get(key)) *slot = curve(file, *n, key, true);
+  }
   if (const auto* n = root.get("shared_prefill_delay_s"))
     cal.shared_prefill_delay_s = number(file, *n, "shared_prefill_delay_s", false);
   for (auto [key, slot] : {std::pair{"split_bandwidth", &cal.split_bandwidth},

@@ -115,17 +115,20 @@ double cost_model::prefill_seconds(uint64_t chunk_tokens_total, double attention
   return std::max(compute, memory) + cal.step_overhead_s.value_or(gpu_.step_overhead_s);
 }
 
-double cost_model::decode_seconds(uint32_t batch, uint64_t context_tokens_total) const {
+double cost_model::decode_seconds(uint32_t batch, uint64_t context_tokens_total,
+                                  uint32_t graph_rows) const {
   if (batch == 0) return 0.0;
-  const auto parts = decode_parts(batch, context_tokens_total);
+  const auto parts = decode_parts(batch, context_tokens_total, graph_rows);
   return std::max(parts.compute_s(), parts.memory_s()) + parts.overhead_s;
 }
 
-cost_model::decode_parts_s cost_model::decode_parts(uint32_t batch, uint64_t context_tokens_total) const {
+cost_model::decode_parts_s cost_model::decode_parts(uint32_t batch, uint64_t context_tokens_total,
+                                                    uint32_t graph_rows) const {
   decode_parts_s parts;
   if (batch == 0) return parts;
   const auto& cal = gpu_.calibration;
-  const double linear = 2.0 * double(shape_.linear_params()) * batch;
+  const uint32_t rows = std::max(batch, graph_rows);
+  const double linear = 2.0 * double(shape_.linear_params()) * rows;
   const double attention = 4.0 * shape_.layers * shape_.heads * shape_.head_dim * double(context_tokens_total);
   // A share of the SMs still reaches most of the bandwidth with well-pipelined kernels
   // (sqrt(share)); a calibration says how much an engine's own kernels reach.
@@ -134,7 +137,7 @@ cost_model::decode_parts_s cost_model::decode_parts(uint32_t batch, uint64_t con
   const double weights = double(shape_.weight_bytes());
   const double kv = double(shape_.kv_bytes_per_token()) * context_tokens_total;
   const double peak = gpu_.bf16_flops * sm_share_;
-  parts.linear_s = linear / (peak * cal.gemm.at(batch, gpu_.gemm_efficiency));
+  parts.linear_s = linear / (peak * cal.gemm.at(rows, gpu_.gemm_efficiency));
   parts.attention_s =
       attention / (peak * cal.attention.at(double(context_tokens_total) / batch, gpu_.gemm_efficiency));
   const double rate = gpu_.memory_bandwidth * cal.memory.at(weights + kv, gpu_.bandwidth_efficiency);

@@ -88,6 +88,13 @@ struct gpu_calibration {
   // then being that of the rest of the step (weight GEMMs). Decode attention is split to
   // fill every SM; a prefill kernel that needs a whole SM cannot run beside any of its blocks.
   std::optional<double> concurrent_prefill_attention_yield;
+  // x: tokens of the prefill step in flight; factors on the two effects above (empty: 1).
+  // Short steps are made of short kernels, one or two waves each: between them the decode
+  // stream takes the SMs first, so a short step loses more of each decode step beside it
+  // (the yields times this, at most 1), and a decode kernel finds SMs sooner (the delay times
+  // this). Fitted on serving runs at 512-, 1,024- and 2,048-token chunks (docs/sim.md).
+  efficiency_curve concurrent_prefill_yield_scale;
+  efficiency_curve concurrent_decode_delay_scale;
   // Engines of one GPU on one shared stream (stream = "shared", event_sim's step_policy::
   // stream): a prefill step holds the stream this much longer than its modelled work. Fitted
   // to the prefill step time (prefill.hop_step) the colocated serving runs measured; what
@@ -138,8 +145,11 @@ class cost_model {
                                                       double attention_flops) const;
   /// Attention FLOPs of a chunk of `tokens` after `prior` cached tokens (causal).
   [[nodiscard]] double chunk_attention_flops(uint32_t tokens, uint32_t prior) const;
-  /// One decode step for `batch` sequences holding `context_tokens_total` tokens in all.
-  [[nodiscard]] double decode_seconds(uint32_t batch, uint64_t context_tokens_total) const;
+  /// One decode step for `batch` sequences holding `context_tokens_total` tokens in all. A
+  /// CUDA graph captured for `graph_rows` > batch runs its GEMMs on that many rows (the
+  /// padding); attention, KV reads and host work stay those of the batch.
+  [[nodiscard]] double decode_seconds(uint32_t batch, uint64_t context_tokens_total,
+                                      uint32_t graph_rows = 0) const;
   /// The terms of decode_seconds: compute (linear layers, attention) and memory (weights, KV)
   /// seconds; decode_seconds = max(compute, memory) + overhead.
   struct decode_parts_s {
@@ -152,7 +162,8 @@ class cost_model {
       return attention_s / compute_s();
     }
   };
-  [[nodiscard]] decode_parts_s decode_parts(uint32_t batch, uint64_t context_tokens_total) const;
+  [[nodiscard]] decode_parts_s decode_parts(uint32_t batch, uint64_t context_tokens_total,
+                                            uint32_t graph_rows = 0) const;
 
   [[nodiscard]] const model_shape& shape() const { return shape_; }
   [[nodiscard]] const gpu_spec& gpu() const { return gpu_; }

@@ -1,5 +1,6 @@
 #include "runtime/sim_engine.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace duet {
@@ -62,6 +63,15 @@ step_output sim_engine::prefill(std::span<const prefill_chunk> chunks) {
 }
 
 step_output sim_engine::decode(std::span<const decode_slot> slots) {
+  return decode_in_graph(slots, graph_rows(static_cast<uint32_t>(slots.size())));
+}
+
+uint32_t sim_engine::graph_rows(uint32_t batch) const {
+  const auto it = std::lower_bound(buckets_.begin(), buckets_.end(), batch);
+  return it == buckets_.end() ? batch : *it;
+}
+
+step_output sim_engine::decode_in_graph(std::span<const decode_slot> slots, uint32_t graph_rows) {
   step_output out;
   uint64_t context = 0;
   for (const auto& s : slots) {
@@ -69,7 +79,7 @@ step_output sim_engine::decode(std::span<const decode_slot> slots) {
     context += s.history.size();
     out.tokens.push_back(next_token(s.history.back(), static_cast<uint32_t>(s.history.size()), info_.vocab_size));
   }
-  out.modeled = scaled(costs_.decode_seconds(static_cast<uint32_t>(slots.size()), context));
+  out.modeled = scaled(costs_.decode_seconds(static_cast<uint32_t>(slots.size()), context, graph_rows));
   return out;
 }
 

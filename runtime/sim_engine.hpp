@@ -1,4 +1,6 @@
 #pragma once
+#include <vector>
+
 #include "runtime/engine.hpp"
 #include "runtime/model_shape.hpp"
 
@@ -16,6 +18,13 @@ class sim_engine final : public engine {
   [[nodiscard]] const engine_info& info() const override { return info_; }
   [[nodiscard]] step_output prefill(std::span<const prefill_chunk> chunks) override;
   [[nodiscard]] step_output decode(std::span<const decode_slot> slots) override;
+  /// A decode step priced as a CUDA graph of `graph_rows` rows runs it (decode_seconds).
+  [[nodiscard]] step_output decode_in_graph(std::span<const decode_slot> slots, uint32_t graph_rows);
+  /// The batch sizes the modelled engine captures decode graphs for (decode_graph_buckets):
+  /// a step then costs as its bucket's rows. Empty (the default): as its own batch.
+  void set_decode_graph_buckets(std::vector<uint32_t> buckets) { buckets_ = std::move(buckets); }
+  /// The rows of the graph a step of `batch` sequences replays.
+  [[nodiscard]] uint32_t graph_rows(uint32_t batch) const;
   [[nodiscard]] const cost_model& costs() const { return costs_; }
 
   /// The token the sim engine emits after `previous` at `position` (exposed for tests).
@@ -26,6 +35,7 @@ class sim_engine final : public engine {
   engine_info info_;
   cost_model costs_;
   double time_scale_;
+  std::vector<uint32_t> buckets_;
 };
 
 }  // namespace duet

@@ -14,6 +14,7 @@
 
 #include "messages/dispatch.hpp"
 #include "runtime/broker_core.hpp"
+#include "runtime/decode_buckets.hpp"
 #include "runtime/decode_core.hpp"
 #include "runtime/model_shape.hpp"
 #include "runtime/prefill_core.hpp"
@@ -135,6 +136,7 @@ struct prefill_shape {
 struct decode_shape {
   uint32_t batch = 0;
   uint64_t context = 0;
+  uint32_t graph_rows = 0;  // the rows of the CUDA graph it replays (>= batch)
 };
 
 /// The sim engine of a worker, counting the tokens its last prefill call sampled: on a shared
@@ -147,8 +149,9 @@ struct decode_shape {
 /// the simulator (last_modeled).
 class tally_engine final : public engine {
  public:
-  tally_engine(std::shared_ptr<sim_engine> inner, bool synchronous)
-      : inner_(std::move(inner)), synchronous_(synchronous) {}
+  tally_engine(std::shared_ptr<sim_engine> inner, bool synchronous,
+               std::vector<uint32_t> graph_buckets = {})
+      : inner_(std::move(inner)), synchronous_(synchronous), buckets_(std::move(graph_buckets)) {}
   [[nodiscard]] const engine_info& info() const override { return inner_->info(); }
   [[nodiscard]] step_output prefill(std::span<const prefill_chunk> chunks) override {
     sampled_ = static_cast<uint32_t>(
@@ -167,9 +170,11 @@ class tally_engine final : public engine {
   [[nodiscard]] step_output decode(std::span<const decode_slot> slots) override {
     sampled_ = 0;  // one sync, after copying the tokens back
     shape_ = {};
-    decode_shape_ = {static_cast<uint32_t>(slots.size()), 0};
+    const auto batch = static_cast<uint32_t>(slots.size());
+    const auto bucket = std::lower_bound(buckets_.begin(), buckets_.end(), batch);
+    decode_shape_ = {batch, 0, bucket == buckets_.end() ? batch : *bucket};
     for (const auto& s : slots) decode_shape_.context += s.history.size();
-    return keep_modeled(inner_->decode(slots));
+    return keep_modeled(inner_->decode_in_graph(slots, decode_shape_.graph_rows));
   }
   /// The modelled time of the latest call, ns.
   [[nodiscard]] int64_t last_modeled() const { return modeled_ns_; }
@@ -190,6 +195,7 @@ class tally_engine final : public engine {
 
   std::shared_ptr<sim_engine> inner_;
   bool synchronous_ = false;
+  std::vector<uint32_t> buckets_;  // decode graph batch sizes (empty: every batch its own)
   int64_t modeled_ns_ = 0;
   uint32_t sampled_ = 0;
   prefill_shape shape_;
@@ -418,7 +424,12 @@ class event_sim {
       // its actor takes messages meanwhile and holds no register acks.
       u.synchronous = synchronous_steps_ && !(w.role == actor_role::prefill &&
                                               prefill_steps_in_background(config_.engine.kind));
-      u.engine = std::make_unique<tally_engine>(engine, u.synchronous);
+      // A decode step costs as the CUDA graph the engine would replay for its batch.
+      u.engine = std::make_unique<tally_engine>(
+          engine, u.synchronous,
+          w.role == actor_role::decode
+              ? decode_graph_buckets(w.max_batch, decode_bucket_step_from_env())
+              : std::vector<uint32_t>{});
       u.kv_blocks = w.kv_blocks > 0
                         ? w.kv_blocks
                         : kv_blocks_from_memory(config_, deployment_.gpus[w.gpu].type,
@@ -901,8 +912,10 @@ class event_sim {
       const auto& cal = specs_[tl.gpu].calibration;
       if (!u.decode) return {cal.concurrent_prefill_slowdown.value_or(1.0), 0};
       const double stretch = cal.concurrent_decode_slowdown.value_or(1.0);
+      const unit& running = *units_[other.running];
       double delay = cal.concurrent_decode_delay_s.value_or(0.0) * 1e9 *
-                     chunk_delay_factor(*units_[other.running], tl.gpu);
+                     chunk_delay_factor(running, tl.gpu) *
+                     cal.concurrent_decode_delay_scale.at(prefill_step_tokens(running), 1.0);
       if (cal.concurrent_decode_delay_by_overlap.value_or(false)) {
         // The step's kernels wait behind the prefill blocks only while the prefill step runs:
         // one that ends partway through this step delays it by that part of the delay.
@@ -910,7 +923,7 @@ class event_sim {
         const double work = static_cast<double>(work_ns) * stretch;
         const double whole = work + delay;
         const double left = static_cast<double>(std::max<int64_t>(other.step_end - now_, 0)) +
-                            decode_yield(u, tl.gpu) * work;
+                            decode_yield(u, running, tl.gpu) * work;
         if (whole > 0) delay *= std::min(1.0, left / whole);
       }
       return {stretch, static_cast<int64_t>(delay)};
@@ -946,13 +959,13 @@ class event_sim {
   /// `decode_yield` of it.
   void yield_to_decode(const unit& u, const timeline& tl, int64_t decode_ns) {
     if (!u.spec.own_stream || u.spec.sm_share < 1) return;
-    const double yield = decode_yield(u, tl.gpu);
-    if (yield <= 0) return;
     for (uint32_t t = 0; t < timelines_.size(); ++t) {
       timeline& other = timelines_[t];
       if (&other == &tl || other.gpu != tl.gpu || !other.busy) continue;
       const unit& running = *units_[other.running];
       if (!running.prefill || !running.spec.own_stream || running.spec.sm_share < 1) continue;
+      const double yield = decode_yield(u, running, tl.gpu);
+      if (yield <= 0) continue;
       other.step_end += static_cast<int64_t>(yield * static_cast<double>(decode_ns));
       push({other.step_end, event_kind::step_done, false, t, ++other.generation});
     }
@@ -963,14 +976,24 @@ class event_sim {
   /// weighted by the step's attention share a (cost_model::decode_parts): the attention
   /// kernels (KV reads) take that key's fraction of the SMs from prefill, the rest of the
   /// step (the weight GEMMs, norms, sampling) concurrent_prefill_yield. A recompute chunk
-  /// (a prefill call of the decode worker) takes concurrent_prefill_yield.
-  [[nodiscard]] double decode_yield(const unit& u, uint32_t gpu) const {
+  /// (a prefill call of the decode worker) takes concurrent_prefill_yield. Either is scaled by
+  /// concurrent_prefill_yield_scale at the tokens of `running` (the prefill step losing it),
+  /// up to the whole step.
+  [[nodiscard]] double decode_yield(const unit& u, const unit& running, uint32_t gpu) const {
     const auto& cal = specs_[gpu].calibration;
+    const double scale = cal.concurrent_prefill_yield_scale.at(prefill_step_tokens(running), 1.0);
     const double rest = cal.concurrent_prefill_yield.value_or(0.0);
-    if (!cal.concurrent_prefill_attention_yield || u.engine->last_prefill().tokens > 0) return rest;
+    if (!cal.concurrent_prefill_attention_yield || u.engine->last_prefill().tokens > 0)
+      return std::min(1.0, rest * scale);
     const decode_shape& step = u.engine->last_decode();
-    const double a = costs_[gpu].decode_parts(step.batch, step.context).attention_share();
-    return rest + (*cal.concurrent_prefill_attention_yield - rest) * a;
+    const double a =
+        costs_[gpu].decode_parts(step.batch, step.context, step.graph_rows).attention_share();
+    return std::min(1.0, (rest + (*cal.concurrent_prefill_attention_yield - rest) * a) * scale);
+  }
+
+  /// The tokens of the step `running` has in flight (0 when it is not a prefill step).
+  [[nodiscard]] static double prefill_step_tokens(const unit& running) {
+    return static_cast<double>(running.engine->last_prefill().tokens);
   }
 
   // A shared CUDA stream (step_policy::stream), as two cuda engines of one process use it

@@ -25,6 +25,8 @@
 #include "runtime/config.hpp"
 #include "runtime/gpu_catalog.hpp"
 #include "runtime/model_shape.hpp"
+#include "runtime/decode_buckets.hpp"
+#include "runtime/sim_engine.hpp"
 #include "sim/cli.hpp"
 #include "sim/deployment_spec.hpp"
 #include "sim/event_sim.hpp"
@@ -399,6 +401,25 @@ TEST_CASE(
   std::ofstream(dir / "speedup.toml") << "concurrent_decode_slowdown = 0.5\n";
   CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "speedup.toml"); }),
                  "a slowdown is at least 1"));
+  // The chunk-size factors: any positive multiplier (above 1 too), interpolated in log(tokens).
+  std::ofstream(dir / "chunk_scales.toml")
+      << "concurrent_prefill_yield_scale = [[512, 1.6], [2048, 1]]\n"
+         "concurrent_decode_delay_scale = [[512, 0.5], [2048, 1.0]]\n";
+  const auto scales = load_gpu_calibration(dir / "chunk_scales.toml");
+  CHECK(scales.concurrent_prefill_yield_scale.at(256, 1.0) == Approx(1.6));
+  CHECK(scales.concurrent_prefill_yield_scale.at(1024, 1.0) == Approx(1.3));
+  CHECK(scales.concurrent_decode_delay_scale.at(1024, 1.0) == Approx(0.75));
+  CHECK(scales.concurrent_decode_delay_scale.at(8192, 1.0) == Approx(1.0));
+  CHECK(contention.concurrent_prefill_yield_scale.empty());
+  std::ofstream(dir / "zero_scale.toml") << "concurrent_decode_delay_scale = [[512, 0], [2048, 1]]\n";
+  CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "zero_scale.toml"); }),
+                 "must be above 0"));
+  std::ofstream(dir / "scale_order.toml") << "concurrent_prefill_yield_scale = [[2048, 1], [512, 1.5]]\n";
+  CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "scale_order.toml"); }),
+                 "shapes must be strictly ascending"));
+  std::ofstream(dir / "scale_scalar.toml") << "concurrent_prefill_yield_scale = 1.5\n";
+  CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "scale_scalar.toml"); }),
+                 "[shape, factor] pairs"));
   std::ofstream(dir / "share_above_one.toml") << "split_bandwidth = [[0.5, 0.6], [2.0, 1.0]]\n";
   CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "share_above_one.toml"); }),
                  "SM shares must be at most 1"));
@@ -728,6 +749,119 @@ TEST_CASE("a decode step waits out the delay beside a prefill step only for the 
   // ...while a step that starts with a chunk still waits the whole 20 ms, and never more.
   CHECK(part.itl_s.max >= 0.02 + alone.itl_s.p50);
   CHECK(part.itl_s.max <= full.itl_s.max + 1e-3);
+}
+
+TEST_CASE(
+    "a decode step costs as the CUDA graph it replays: its GEMMs on the bucket's rows, its "
+    "attention, KV reads and host work on its own batch") {
+  auto gpu = *find_gpu_spec("h200");
+  const auto shape = *find_model_shape("r1-distill-llama-8b");
+  gpu.calibration.gemm.points = {{1, 0.01}, {256, 0.5}};
+  gpu.calibration.decode_sequence_overhead_s = 1e-5;
+  const cost_model costs(shape, gpu);
+  const uint64_t context = 129 * 1024;
+  const auto own = costs.decode_parts(129, context), padded = costs.decode_parts(129, context, 160);
+  const auto at160 = costs.decode_parts(160, context);
+  CHECK(padded.linear_s == Approx(at160.linear_s).epsilon(1e-12));
+  CHECK(padded.linear_s > own.linear_s);
+  CHECK(padded.attention_s == Approx(own.attention_s).epsilon(1e-12));
+  CHECK(padded.kv_s == Approx(own.kv_s).epsilon(1e-12));
+  CHECK(padded.overhead_s == Approx(own.overhead_s).epsilon(1e-12));
+  CHECK(costs.decode_seconds(129, context, 100) == Approx(costs.decode_seconds(129, context)));
+  sim_engine engine(shape, gpu, "m", 8192, 16, 1.0, 1.0);
+  CHECK(engine.graph_rows(129) == 129);  // no buckets: every batch its own
+  engine.set_decode_graph_buckets(decode_graph_buckets(256, 32));
+  CHECK(engine.graph_rows(129) == 160);
+  CHECK(engine.graph_rows(160) == 160);
+  CHECK(engine.graph_rows(20) == 32);
+  engine.set_decode_graph_buckets(decode_graph_buckets(256, 0));
+  CHECK(engine.graph_rows(129) == 256);
+  CHECK(engine.graph_rows(300) == 300);  // beyond the last bucket: its own rows
+  // The simulator prices a run as its engine ran: DUET_DECODE_BUCKET_STEP=0 (powers of two)
+  // pads a batch of ~150 to 256 rows, where every 32 rows pads it to 160.
+  auto config = default_config();
+  config.engine.gpu = "h200";
+  for (auto& node : config.nodes)
+    for (auto& a : node.actors)
+      if (a.role == actor_role::decode) {
+        a.max_batch = 256;
+        a.kv_blocks = 32768;
+      }
+  const auto d = deployment_from_config(config);
+  const auto trace = load_trace_spec("synthetic:poisson:rate=30,duration=20,in=100,out=1000,seed=14");
+  sim_options slow_gemms;  // GEMMs at 30 % of peak: a decode step at ~150 rows is compute-bound
+  slow_gemms.calibrations["h200"].gemm.points = {{1, 0.3}};
+  const auto every_32 = run_simulation(config, d, trace, slow_gemms);
+  scoped_env pow2("DUET_DECODE_BUCKET_STEP", "0");
+  const auto powers = run_simulation(config, d, trace, slow_gemms);
+  REQUIRE(summarize(every_32.records).completed == trace.size());
+  REQUIRE(summarize(powers.records).completed == trace.size());
+  const auto mean = [](const auto& r, const char* sum, const char* count) {
+    return double(r.counters.at(sum)) / double(r.counters.at(count));
+  };
+  const double batch = mean(every_32, "decode.batched_sequences", "decode.steps");
+  const double step_32 = mean(every_32, "decode.hop_step_us", "decode.hop_step_count") / 1e3;
+  const double step_pow2 = mean(powers, "decode.hop_step_us", "decode.hop_step_count") / 1e3;
+  MESSAGE("mean decode step: graphs every 32 rows " << step_32 << " ms, powers of two "
+          << step_pow2 << " ms; mean decode batch " << batch);
+  CHECK(batch > 129);
+  CHECK(step_pow2 > 1.03 * step_32);
+}
+
+TEST_CASE(
+    "the chunk-size factors scale the prefill yield (up to the whole decode step) and the decode "
+    "delay at the tokens of the prefill step in flight") {
+  auto config = default_config();
+  config.nodes.resize(1);
+  for (auto& a : config.nodes[0].actors) a.device = 0;
+  const auto trace =
+      load_trace_spec("synthetic:poisson:rate=3,duration=30,in=2000,out=100,seed=13");
+  const auto run = [&](const deployment_config& c, const gpu_calibration& cal) {
+    const auto d = deployment_from_config(c);
+    REQUIRE(d.gpus.size() == 1);
+    sim_options o;
+    o.calibrations[d.gpus[0].type] = cal;
+    const auto s = summarize(run_simulation(c, d, trace, o).records);
+    REQUIRE(s.completed == trace.size());
+    return s;
+  };
+  const auto same = [](const auto& a, const auto& b) {
+    return a.ttft_s.p50 == b.ttft_s.p50 && a.ttft_s.p99 == b.ttft_s.p99 &&
+           a.itl_s.p50 == b.itl_s.p50 && a.itl_s.p99 == b.itl_s.p99;
+  };
+  gpu_calibration base;
+  base.concurrent_decode_delay_s = 0.02;
+  base.concurrent_decode_delay_by_overlap = true;
+  base.concurrent_prefill_yield = 0.4;
+  // A flat factor is the yield scaled...
+  auto scaled = base;
+  scaled.concurrent_prefill_yield_scale.points = {{1, 1.5}};
+  auto plain = base;
+  plain.concurrent_prefill_yield = 0.6;
+  const auto yield_scaled = run(config, scaled), yield_plain = run(config, plain);
+  CHECK(same(yield_scaled, yield_plain));
+  CHECK(yield_scaled.ttft_s.p50 > run(config, base).ttft_s.p50);
+  // ...up to the whole step: 0.4 times 5 is 1.
+  scaled.concurrent_prefill_yield_scale.points = {{1, 5.0}};
+  plain.concurrent_prefill_yield = 1.0;
+  CHECK(same(run(config, scaled), run(config, plain)));
+  // The delay factor is read at the prefill step's tokens: 0.25 up to 600, 1 from 601. With
+  // 512-token chunks every step is at most 512 tokens, so it is the delay times 0.25.
+  auto keyed = base;
+  keyed.concurrent_decode_delay_scale.points = {{600, 0.25}, {601, 1.0}};
+  auto quarter = base;
+  quarter.concurrent_decode_delay_s = 0.005;
+  auto small_chunks = config;
+  for (auto& a : small_chunks.nodes[0].actors)
+    if (a.role == actor_role::prefill) a.chunk_tokens = 512;
+  const auto keyed_small = run(small_chunks, keyed), quarter_small = run(small_chunks, quarter);
+  CHECK(same(keyed_small, quarter_small));
+  CHECK(keyed_small.itl_s.p99 < run(small_chunks, base).itl_s.p99);
+  // With 2,048-token chunks the steps are longer than 600 tokens: the whole delay, not a quarter.
+  const auto keyed_large = run(config, keyed), quarter_large = run(config, quarter);
+  MESSAGE("ITL P99, 2,048-token chunks: factor by tokens " << keyed_large.itl_s.p99 * 1e3
+          << " ms, a quarter of the delay " << quarter_large.itl_s.p99 * 1e3 << " ms");
+  CHECK(keyed_large.itl_s.p99 > quarter_large.itl_s.p99 + 0.01);
 }
 
 namespace {
