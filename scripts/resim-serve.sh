@@ -46,7 +46,12 @@ for toml in "$DATA"/*.toml; do
   # the simulator reads as the workers do.
   thread=1
   case $name in *-sync) thread=0 ;; esac
-  DUET_PREFILL_THREAD=$thread "$DUET" sim --config "$OUT/$name.toml" --trace "$TRACES/AzureLLMInferenceTrace_$1_2023.csv" --start "$2" \
+  # Decode graphs: every 32 rows from the 12-03d runs on, powers of two before them and in runs
+  # named -pow2 (DUET_DECODE_BUCKET_STEP, which the simulator reads as the engine does).
+  buckets=32
+  case $DATA in *h200-serve|*-12-01*|*-12-02*|*-12-03|*-12-03b|*-12-03c) buckets=0 ;; esac
+  case $name in *-pow2) buckets=0 ;; esac
+  DUET_DECODE_BUCKET_STEP=$buckets DUET_PREFILL_THREAD=$thread "$DUET" sim --config "$OUT/$name.toml" --trace "$TRACES/AzureLLMInferenceTrace_$1_2023.csv" --start "$2" \
     --duration "$3" --rate-scale "$4" --slo ttft=2s,tpot=50ms --calibration "$CAL" \
     --speed-spread "$SPREAD" --out "$OUT/$name" >"$OUT/$name.log"
 done

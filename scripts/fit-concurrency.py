@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Fit calibration keys of engines on streams of their own (PD streams) to H200 serving runs.
+
+Each grid point is the base calibration with some keys replaced; every run named is simulated
+with it (`duet sim`, the run's deployment TOML and trace window as scripts/resim-serve.sh has
+them), and the point is scored against the live figures: TTFT and ITL P50/P99 (how many miss by more
+than 15 %, the worst, their root mean square) and the mean prefill step (prefill.hop_step). No GPU needed; ~0.5 s per run and point.
+
+  scripts/fit-concurrency.py --base config/calibration-duet/h200-cuda-engine-2026-12-03.toml \\
+      --runs docs/data/h200-serve-2026-12-03e/conv4-pd-streams-b256-c512 ... \\
+      --grid 'concurrent_prefill_yield_scale=[[512,1.5],[2048,1]],[[512,1.7],[2048,1]]' \\
+      --grid 'concurrent_decode_delay_scale=[[1024,0.7],[2048,1]]'
+
+Each --grid gives one key and its candidate values (TOML values, separated by ",,"; a value
+"-" leaves the key out); the points are their product. Prints one row per point, best first,
+and with --detail the runs of the best point.
+"""
+import argparse
+import concurrent.futures
+import itertools
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+FIGURES = (("ttft_s", "p50"), ("ttft_s", "p99"), ("itl_s", "p50"), ("itl_s", "p99"))
+
+
+def window(name):
+    """The trace, start, duration and rate scale of a run (as in scripts/resim-serve.sh)."""
+    for prefix, w in (("conv5-", "conv 0 300 5"), ("conv45-", "conv 0 240 4.5"),
+                      ("conv4-", "conv 0 240 4"), ("conv3long-", "conv 0 540 3"),
+                      ("conv3-", "conv 0 180 3"), ("code1-", "code 180 60 1"),
+                      ("code-", "code 180 60 0.7")):
+        if name.startswith(prefix):
+            return w.split()
+    raise SystemExit(f"fit-concurrency: no trace window known for run '{name}'")
+
+
+def bucket_step(run):
+    """The decode graph step the run's engine had (as in scripts/resim-serve.sh): every 32
+    rows from the 12-03d runs on, powers of two (0) before them and in runs named -pow2."""
+    folder = run.parent.name
+    old = folder == "h200-serve" or re.search(r"-12-0[12]|-12-03[bc]?$", folder)
+    return 0 if old or run.name.endswith("-pow2") else 32
+
+
+def with_keys(base_text, keys):
+    """The calibration text with each key's line replaced (or appended; None removes it)."""
+    text = base_text
+    for key, value in keys.items():
+        pattern = re.compile(rf"^{re.escape(key)}\s*=.*$", re.M)
+        line = "" if value is None else f"{key} = {value}"
+        text = pattern.sub(line, text) if pattern.search(text) else text + line + "\n"
+    return text
+
+
+def simulate(duet, traces, run, cal_file, out_dir):
+    run = pathlib.Path(run)
+    trace, start, duration, rate = window(run.name)
+    out = pathlib.Path(out_dir) / run.parent.name / run.name
+    env = dict(os.environ, DUET_PREFILL_THREAD="0" if run.name.endswith("-sync") else "1",
+               DUET_DECODE_BUCKET_STEP=str(bucket_step(run)))
+    subprocess.run([duet, "sim", "--config", f"{run}.toml",
+                    "--trace", f"{traces}/AzureLLMInferenceTrace_{trace}_2023.csv",
+                    "--start", start, "--duration", duration, "--rate-scale", rate,
+                    "--slo", "ttft=2s,tpot=50ms", "--calibration", cal_file, "--out", str(out)],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
+    summary = json.loads((out / "summary.json").read_text())
+    sim = summary["runs"][0]
+    live = json.loads(run.with_suffix(".json").read_text())
+    misses = {}
+    for key, q in FIGURES:
+        misses[f"{key[:-2]} {q}"] = sim["summary"][key][q] / live["runs"][0]["summary"][key][q] - 1
+    live_step = live["bench"].get("ttft_hops", {}).get("prefill.hop_step", 0)
+    c = summary["simulation"]["runs"][0]["counters"]
+    sim_step = c.get("prefill.hop_step_us", 0) / 1e3 / max(c.get("prefill.hop_step_count", 0), 1)
+    if live_step > 0:
+        misses["prefill step"] = sim_step / live_step - 1
+    return str(run.relative_to(ROOT) if run.is_absolute() else run), misses
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base", required=True)
+    ap.add_argument("--runs", nargs="+", required=True, help="run paths without .toml/.json")
+    ap.add_argument("--grid", action="append", default=[], help="KEY=V1,,V2,,...")
+    ap.add_argument("--duet", default=os.environ.get("DUET_BIN", str(ROOT / "build/duet")))
+    ap.add_argument("--traces", default=os.environ.get("DUET_TRACES", str(ROOT.parent / "shared/traces")))
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--detail", action="store_true", help="print every run of the best point")
+    args = ap.parse_args()
+    axes = []
+    for g in args.grid:
+        key, _, values = g.partition("=")
+        axes.append([(key, None if v.strip() == "-" else v.strip()) for v in values.split(",,")])
+    base = pathlib.Path(args.base).read_text()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, \
+            concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        for i, point in enumerate(itertools.product(*axes) if axes else [()]):
+            keys = dict(point)
+            cal = pathlib.Path(tmp) / f"point{i}.toml"
+            cal.write_text(with_keys(base, keys))
+            jobs = [pool.submit(simulate, args.duet, args.traces, r, str(cal), f"{tmp}/out{i}")
+                    for r in args.runs]
+            runs = dict(f.result() for f in jobs)
+            figures = [m for r in runs.values() for k, m in r.items() if k != "prefill step"]
+            worst = max(abs(m) for m in figures)
+            over = sum(abs(m) > 0.15 for m in figures)
+            steps = [abs(r["prefill step"]) for r in runs.values() if "prefill step" in r]
+            rms = (sum(m * m for m in figures) / len(figures)) ** 0.5
+            rows.append((over, worst, keys, runs, max(steps, default=0), rms))
+            if sys.stderr.isatty():
+                print(f"\rpoint {i + 1}", end="", file=sys.stderr, flush=True)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    rows.sort(key=lambda r: (r[0], r[5]))
+    print(f"| keys | over 15 % (of {len(args.runs) * 4}) | worst | RMS | worst prefill step |")
+    print("| --- | --- | --- | --- | --- |")
+    for over, worst, keys, _, step, rms in rows:
+        shown = "; ".join(f"{k} = {v}" for k, v in keys.items()) or "base"
+        print(f"| {shown} | {over} | {worst * 100:.0f} % | {rms * 100:.1f} % | {step * 100:.0f} % |")
+    if args.detail:
+        _, _, keys, runs, _, _ = rows[0]
+        names = list(next(iter(runs.values())).keys())
+        print()
+        print("| run | " + " | ".join(names) + " |")
+        print("| --- |" + " --- |" * len(names))
+        for run, misses in runs.items():
+            print(f"| {run} | " + " | ".join(f"{misses.get(n, float('nan')) * 100:+.0f} %" for n in names) + " |")
+
+
+if __name__ == "__main__":
+    main()
