@@ -94,7 +94,8 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
       "concurrent_decode_slowdown",
       "concurrent_prefill_slowdown", "concurrent_decode_delay_s", "concurrent_decode_tile_keys",
       "concurrent_decode_delay_by_overlap", "concurrent_prefill_yield", "concurrent_prefill_attention_yield",
-      "concurrent_prefill_yield_scale", "concurrent_decode_delay_scale", "shared_prefill_delay_s"};
+      "concurrent_prefill_yield_scale", "concurrent_decode_delay_scale", "concurrent_decode_slowdown_scale",
+      "shared_prefill_delay_s"};
   gpu_calibration cal;
   cal.source = file.string();
   for (const auto& [k, v] : root) {
@@ -145,7 +146,8 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
     cal.concurrent_prefill_attention_yield =
         fraction(file, *n, "concurrent_prefill_attention_yield");
   for (auto [key, slot] : {std::pair{"concurrent_prefill_yield_scale", &cal.concurrent_prefill_yield_scale},
-                           std::pair{"concurrent_decode_delay_scale", &cal.concurrent_decode_delay_scale}}) {
+                           std::pair{"concurrent_decode_delay_scale", &cal.concurrent_decode_delay_scale},
+                           std::pair{"concurrent_decode_slowdown_scale", &cal.concurrent_decode_slowdown_scale}}) {
     if (const auto* n = root.get(key)) *slot = curve(file, *n, key, true);
   }
   if (const auto* n = root.get("shared_prefill_delay_s"))

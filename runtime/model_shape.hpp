@@ -88,13 +88,15 @@ struct gpu_calibration {
   // then being that of the rest of the step (weight GEMMs). Decode attention is split to
   // fill every SM; a prefill kernel that needs a whole SM cannot run beside any of its blocks.
   std::optional<double> concurrent_prefill_attention_yield;
-  // x: tokens of the prefill step in flight; factors on the two effects above (empty: 1).
+  // x: tokens of the prefill step in flight; factors on the effects above (empty: 1).
   // Short steps are made of short kernels, one or two waves each: between them the decode
   // stream takes the SMs first, so a short step loses more of each decode step beside it
-  // (the yields times this, at most 1), and a decode kernel finds SMs sooner (the delay times
-  // this). Fitted on serving runs at 512-, 1,024- and 2,048-token chunks (docs/sim.md).
+  // (the yields times this, at most 1), a decode kernel finds SMs sooner (the delay times
+  // this) and shares them with prefill kernels more of the time (concurrent_decode_slowdown
+  // times this, at least 1). Fitted on serving runs at 512- to 2,048-token chunks (docs/sim.md).
   efficiency_curve concurrent_prefill_yield_scale;
   efficiency_curve concurrent_decode_delay_scale;
+  efficiency_curve concurrent_decode_slowdown_scale;
   // Engines of one GPU on one shared stream (stream = "shared", event_sim's step_policy::
   // stream): a prefill step holds the stream this much longer than its modelled work. Fitted
   // to the prefill step time (prefill.hop_step) the colocated serving runs measured; what

@@ -4,7 +4,9 @@
 Each grid point is the base calibration with some keys replaced; every run named is simulated
 with it (`duet sim`, the run's deployment TOML and trace window as scripts/resim-serve.sh has
 them), and the point is scored against the live figures: TTFT and ITL P50/P99 (how many miss by more
-than 15 %, the worst, their root mean square) and the mean prefill step (prefill.hop_step). No GPU needed; ~0.5 s per run and point.
+than 15 %, the worst, their root mean square) and the mean prefill and decode steps
+(prefill.hop_step, decode.hop_step: the worst; with --score-steps they count in the RMS too).
+Points sort by misses, then RMS. No GPU needed; ~0.5 s per run and point.
 
   scripts/fit-concurrency.py --base config/calibration-duet/h200-cuda-engine-2026-12-03.toml \\
       --runs docs/data/h200-serve-2026-12-03e/conv4-pd-streams-b256-c512 ... \\
@@ -76,11 +78,12 @@ def simulate(duet, traces, run, cal_file, out_dir):
     misses = {}
     for key, q in FIGURES:
         misses[f"{key[:-2]} {q}"] = sim["summary"][key][q] / live["runs"][0]["summary"][key][q] - 1
-    live_step = live["bench"].get("ttft_hops", {}).get("prefill.hop_step", 0)
     c = summary["simulation"]["runs"][0]["counters"]
-    sim_step = c.get("prefill.hop_step_us", 0) / 1e3 / max(c.get("prefill.hop_step_count", 0), 1)
-    if live_step > 0:
-        misses["prefill step"] = sim_step / live_step - 1
+    for role in ("prefill", "decode"):
+        live_step = live["bench"].get("ttft_hops", {}).get(f"{role}.hop_step", 0)
+        sim_step = c.get(f"{role}.hop_step_us", 0) / 1e3 / max(c.get(f"{role}.hop_step_count", 0), 1)
+        if live_step > 0:
+            misses[f"{role} step"] = sim_step / live_step - 1
     return str(run.relative_to(ROOT) if run.is_absolute() else run), misses
 
 
@@ -93,6 +96,8 @@ def main():
     ap.add_argument("--traces", default=os.environ.get("DUET_TRACES", str(ROOT.parent / "shared/traces")))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--detail", action="store_true", help="print every run of the best point")
+    ap.add_argument("--score-steps", action="store_true",
+                    help="the RMS also counts the mean prefill and decode step of every run")
     args = ap.parse_args()
     axes = []
     for g in args.grid:
@@ -109,18 +114,19 @@ def main():
             jobs = [pool.submit(simulate, args.duet, args.traces, r, str(cal), f"{tmp}/out{i}")
                     for r in args.runs]
             runs = dict(f.result() for f in jobs)
-            figures = [m for r in runs.values() for k, m in r.items() if k != "prefill step"]
+            figures = [m for r in runs.values() for k, m in r.items() if not k.endswith("step")]
             worst = max(abs(m) for m in figures)
             over = sum(abs(m) > 0.15 for m in figures)
-            steps = [abs(r["prefill step"]) for r in runs.values() if "prefill step" in r]
-            rms = (sum(m * m for m in figures) / len(figures)) ** 0.5
+            steps = [abs(m) for r in runs.values() for k, m in r.items() if k.endswith("step")]
+            scored = figures + (steps if args.score_steps else [])
+            rms = (sum(m * m for m in scored) / len(scored)) ** 0.5
             rows.append((over, worst, keys, runs, max(steps, default=0), rms))
             if sys.stderr.isatty():
                 print(f"\rpoint {i + 1}", end="", file=sys.stderr, flush=True)
     if sys.stderr.isatty():
         print(file=sys.stderr)
     rows.sort(key=lambda r: (r[0], r[5]))
-    print(f"| keys | over 15 % (of {len(args.runs) * 4}) | worst | RMS | worst prefill step |")
+    print(f"| keys | over 15 % (of {len(args.runs) * 4}) | worst | RMS | worst step |")
     print("| --- | --- | --- | --- | --- |")
     for over, worst, keys, _, step, rms in rows:
         shown = "; ".join(f"{k} = {v}" for k, v in keys.items()) or "base"

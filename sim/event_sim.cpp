@@ -911,8 +911,10 @@ class event_sim {
       if (&other == &tl || other.gpu != tl.gpu || !other.busy) continue;
       const auto& cal = specs_[tl.gpu].calibration;
       if (!u.decode) return {cal.concurrent_prefill_slowdown.value_or(1.0), 0};
-      const double stretch = cal.concurrent_decode_slowdown.value_or(1.0);
       const unit& running = *units_[other.running];
+      const double stretch = std::max(
+          1.0, cal.concurrent_decode_slowdown.value_or(1.0) *
+                   cal.concurrent_decode_slowdown_scale.at(prefill_step_tokens(running), 1.0));
       double delay = cal.concurrent_decode_delay_s.value_or(0.0) * 1e9 *
                      chunk_delay_factor(running, tl.gpu) *
                      cal.concurrent_decode_delay_scale.at(prefill_step_tokens(running), 1.0);

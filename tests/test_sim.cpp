@@ -410,6 +410,10 @@ TEST_CASE(
   CHECK(scales.concurrent_prefill_yield_scale.at(1024, 1.0) == Approx(1.3));
   CHECK(scales.concurrent_decode_delay_scale.at(1024, 1.0) == Approx(0.75));
   CHECK(scales.concurrent_decode_delay_scale.at(8192, 1.0) == Approx(1.0));
+  CHECK(scales.concurrent_decode_slowdown_scale.empty());
+  std::ofstream(dir / "slowdown_scale.toml") << "concurrent_decode_slowdown_scale = [[512, 1.2], [1024, 1.0]]\n";
+  CHECK(load_gpu_calibration(dir / "slowdown_scale.toml").concurrent_decode_slowdown_scale.at(512, 1.0) ==
+        Approx(1.2));
   CHECK(contention.concurrent_prefill_yield_scale.empty());
   std::ofstream(dir / "zero_scale.toml") << "concurrent_decode_delay_scale = [[512, 0], [2048, 1]]\n";
   CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "zero_scale.toml"); }),
@@ -809,8 +813,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "the chunk-size factors scale the prefill yield (up to the whole decode step) and the decode "
-    "delay at the tokens of the prefill step in flight") {
+    "the chunk-size factors scale the prefill yield (up to the whole decode step), the decode "
+    "slowdown (at least 1) and the decode delay at the tokens of the prefill step in flight") {
   auto config = default_config();
   config.nodes.resize(1);
   for (auto& a : config.nodes[0].actors) a.device = 0;
@@ -845,6 +849,16 @@ TEST_CASE(
   scaled.concurrent_prefill_yield_scale.points = {{1, 5.0}};
   plain.concurrent_prefill_yield = 1.0;
   CHECK(same(run(config, scaled), run(config, plain)));
+  // The decode slowdown the same way, and never below 1.
+  auto slowed = base;
+  slowed.concurrent_decode_slowdown_scale.points = {{1, 1.2}};
+  auto slowed_plain = base;
+  slowed_plain.concurrent_decode_slowdown = 1.2;
+  const auto slowdown_scaled = run(config, slowed);
+  CHECK(same(slowdown_scaled, run(config, slowed_plain)));
+  CHECK(slowdown_scaled.itl_s.p50 > run(config, base).itl_s.p50);
+  slowed_plain.concurrent_decode_slowdown_scale.points = {{1, 0.5}};  // 1.2 · 0.5 is 1
+  CHECK(same(run(config, slowed_plain), run(config, base)));
   // The delay factor is read at the prefill step's tokens: 0.25 up to 600, 1 from 601. With
   // 512-token chunks every step is at most 512 tokens, so it is the delay times 0.25.
   auto keyed = base;
