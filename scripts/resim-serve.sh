@@ -7,8 +7,10 @@
 # 12-01 engine, with config/calibration-duet/h200-cuda-engine-2026-12-01.toml) or
 # docs/data/h200-serve-2026-12-02 (the wgmma prefill attention, with ...-2026-12-01c.toml);
 # docs/data/h200-serve-2026-12-02e and -02f with ...-2026-12-02e.toml (before), -02f.toml or
-# -2026-12-03.toml (the newest: the decode delay by overlap); docs/data/h200-serve-2026-12-03, -03b and
-# -03c (out of sample: decode batch caps 128 and 256 on one machine) with ...-2026-12-03.toml.
+# -2026-12-03.toml (the decode delay by overlap); docs/data/h200-serve-2026-12-03, -03b and
+# -03c (out of sample: decode batch caps 128 and 256 on one machine) with ...-2026-12-03.toml;
+# -03d to -03g (prefill chunks of 512 to 2,048 tokens, code x1, conversation x4.5 and x5) with
+# ...-2026-12-03b.toml (the newest: PD-streams contention by prefill step size) or -03c.toml.
 set -eu
 cd "$(dirname "$0")/.."
 CAL=${1:-config/calibration-duet/h200-cuda-engine.toml}
