@@ -21,6 +21,15 @@ namespace duet {
   return out;
 }
 
+/// The rows of the graph a step of `batch` sequences replays: the smallest bucket that holds
+/// it (`buckets` ascending), or the batch itself past the last one or with no buckets.
+[[nodiscard]] inline uint32_t decode_graph_rows(const std::vector<uint32_t>& buckets, uint32_t batch) {
+  for (const uint32_t b : buckets) {
+    if (b >= batch) return b;
+  }
+  return batch;
+}
+
 /// The step the CUDA engine captures its decode graphs at: 32, or DUET_DECODE_BUCKET_STEP
 /// (0: powers of two only). The simulator reads it too, so it prices a run as it ran.
 [[nodiscard]] inline uint32_t decode_bucket_step_from_env() {

@@ -1,7 +1,8 @@
 #include "runtime/sim_engine.hpp"
 
-#include <algorithm>
 #include <stdexcept>
+
+#include "runtime/decode_buckets.hpp"
 
 namespace duet {
 
@@ -66,10 +67,7 @@ step_output sim_engine::decode(std::span<const decode_slot> slots) {
   return decode_in_graph(slots, graph_rows(static_cast<uint32_t>(slots.size())));
 }
 
-uint32_t sim_engine::graph_rows(uint32_t batch) const {
-  const auto it = std::lower_bound(buckets_.begin(), buckets_.end(), batch);
-  return it == buckets_.end() ? batch : *it;
-}
+uint32_t sim_engine::graph_rows(uint32_t batch) const { return decode_graph_rows(buckets_, batch); }
 
 step_output sim_engine::decode_in_graph(std::span<const decode_slot> slots, uint32_t graph_rows) {
   step_output out;

@@ -171,8 +171,7 @@ class tally_engine final : public engine {
     sampled_ = 0;  // one sync, after copying the tokens back
     shape_ = {};
     const auto batch = static_cast<uint32_t>(slots.size());
-    const auto bucket = std::lower_bound(buckets_.begin(), buckets_.end(), batch);
-    decode_shape_ = {batch, 0, bucket == buckets_.end() ? batch : *bucket};
+    decode_shape_ = {batch, 0, decode_graph_rows(buckets_, batch)};
     for (const auto& s : slots) decode_shape_.context += s.history.size();
     return keep_modeled(inner_->decode_in_graph(slots, decode_shape_.graph_rows));
   }
