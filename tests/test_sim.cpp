@@ -415,14 +415,16 @@ TEST_CASE(
   CHECK(load_gpu_calibration(dir / "slowdown_scale.toml").concurrent_decode_slowdown_scale.at(512, 1.0) ==
         Approx(1.2));
   CHECK(contention.concurrent_prefill_yield_scale.empty());
-  std::ofstream(dir / "zero_scale.toml") << "concurrent_decode_delay_scale = [[512, 0], [2048, 1]]\n";
-  CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "zero_scale.toml"); }),
+  // The error a calibration file holding `text` is refused with.
+  const auto refusal = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir / name) << text;
+    return error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / name); });
+  };
+  CHECK(contains(refusal("zero_scale.toml", "concurrent_decode_delay_scale = [[512, 0], [2048, 1]]\n"),
                  "must be above 0"));
-  std::ofstream(dir / "scale_order.toml") << "concurrent_prefill_yield_scale = [[2048, 1], [512, 1.5]]\n";
-  CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "scale_order.toml"); }),
+  CHECK(contains(refusal("scale_order.toml", "concurrent_prefill_yield_scale = [[2048, 1], [512, 1.5]]\n"),
                  "shapes must be strictly ascending"));
-  std::ofstream(dir / "scale_scalar.toml") << "concurrent_prefill_yield_scale = 1.5\n";
-  CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "scale_scalar.toml"); }),
+  CHECK(contains(refusal("scale_scalar.toml", "concurrent_prefill_yield_scale = 1.5\n"),
                  "[shape, factor] pairs"));
   std::ofstream(dir / "share_above_one.toml") << "split_bandwidth = [[0.5, 0.6], [2.0, 1.0]]\n";
   CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "share_above_one.toml"); }),
