@@ -823,12 +823,7 @@ void cuda_engine::check_blocks(std::span<const uint32_t> blocks, uint64_t positi
   }
 }
 
-uint32_t cuda_engine::bucket_of(uint32_t rows) const {
-  for (uint32_t b : buckets_) {
-    if (b >= rows) return b;
-  }
-  return buckets_.back();
-}
+uint32_t cuda_engine::bucket_of(uint32_t rows) const { return decode_graph_rows(buckets_, rows); }
 
 uint32_t cuda_engine::splits_for(uint32_t rows) const {
   return k::decode_attention_splits(rows, weights_->config.num_key_value_heads,
