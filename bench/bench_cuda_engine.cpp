@@ -234,24 +234,50 @@ int main(int argc, char** argv) {
         dmem ring(copies * elems * 2, false);
         cuda_ok(cudaMemset(ring.p, 0, copies * elems * 2), "cudaMemset");
         uint64_t turn = 0;
+        // Ten launches back to back per timing, so the host's launch cost overlaps the kernels
+        // as it does in a stream, and the rate is per launch.
+        constexpr int burst = 10;
+        auto burst_ms = [&](auto&& fn) { return time_device(fn) / burst; };
         auto cold = [&](k::gemm_path path) {
-          k::gemm_params q = g;
-          q.w = ring.as<uint16_t>() + (turn++ % copies) * elems;
-          k_ok(runner.run(q, nullptr, path));
+          for (int i = 0; i < burst; ++i) {
+            k::gemm_params q = g;
+            q.w = ring.as<uint16_t>() + (turn++ % copies) * elems;
+            k_ok(runner.run(q, nullptr, path));
+          }
         };
         // Batch 1: cuBLASLt against the skinny kernel, as bandwidth over the weight.
         g.m = 1;
-        const double lt = time_device([&] { cold(k::gemm_path::cublaslt); });
-        const double sk = time_device([&] { cold(k::gemm_path::skinny); });
+        const double lt = burst_ms([&] { cold(k::gemm_path::cublaslt); });
+        const double sk = burst_ms([&] { cold(k::gemm_path::skinny); });
         kr[std::string("gemv_") + s.name + "_cublaslt_TBps"] = s.n * s.k * 2 / lt / 1e9;
         kr[std::string("gemv_") + s.name + "_skinny_TBps"] = s.n * s.k * 2 / sk / 1e9;
         g.m = 4;
-        const double sk4 = time_device([&] { cold(k::gemm_path::skinny); });
-        const double lt4 = time_device([&] { cold(k::gemm_path::cublaslt); });
+        const double sk4 = burst_ms([&] { cold(k::gemm_path::skinny); });
+        const double lt4 = burst_ms([&] { cold(k::gemm_path::cublaslt); });
         g.m = 8;
-        const double lt8 = time_device([&] { cold(k::gemm_path::cublaslt); });
+        const double lt8 = burst_ms([&] { cold(k::gemm_path::cublaslt); });
         g.m = 64;
-        const double lt64 = time_device([&] { cold(k::gemm_path::cublaslt); });
+        const double lt64 = burst_ms([&] { cold(k::gemm_path::cublaslt); });
+        // The narrow kernel (2..64 rows, what the engine's decode batches use on Hopper).
+        std::string narrow_line;
+        if (k::gemm_narrow_supported()) {
+          for (const uint32_t m : {1u, 4u, 8u, 16u, 32u, 64u}) {
+            g.m = m;
+            const double nm = burst_ms([&] { cold(k::gemm_path::narrow); });
+            const double tbps = s.n * s.k * 2 / nm / 1e9;
+            kr["gemm_M" + std::to_string(m) + "_" + s.name + "_narrow_TBps"] = tbps;
+            char part[32];
+            std::snprintf(part, sizeof part, " M=%u %.2f", m, tbps);
+            narrow_line += part;
+          }
+          if (!narrow_line.empty()) std::printf("gemm %-8s narrow, TB/s:%s\n", s.name, narrow_line.c_str());
+        }
+        g.m = 16;
+        const double lt16 = burst_ms([&] { cold(k::gemm_path::cublaslt); });
+        g.m = 32;
+        const double lt32 = burst_ms([&] { cold(k::gemm_path::cublaslt); });
+        kr[std::string("gemm_M16_") + s.name + "_cublaslt_TBps"] = s.n * s.k * 2 / lt16 / 1e9;
+        kr[std::string("gemm_M32_") + s.name + "_cublaslt_TBps"] = s.n * s.k * 2 / lt32 / 1e9;
         kr[std::string("gemm_M4_") + s.name + "_skinny_TBps"] = s.n * s.k * 2 / sk4 / 1e9;
         kr[std::string("gemm_M4_") + s.name + "_cublaslt_TBps"] = s.n * s.k * 2 / lt4 / 1e9;
         kr[std::string("gemm_M8_") + s.name + "_cublaslt_TBps"] = s.n * s.k * 2 / lt8 / 1e9;
@@ -265,6 +291,7 @@ int main(int argc, char** argv) {
             s.n * s.k * 2 / lt64 / 1e9);
       }
       kr["gemm_small_m_weights_rotated_past_L2"] = true;
+      kr["gemm_small_m_launches_per_timing"] = 10;
       gemm_rate = flops / ms_total * 1e3;
       kr["gemm_M8192_model_mix_TFLOPs"] = gemm_rate / 1e12;
     }
