@@ -9,8 +9,7 @@ if(DUET_HAVE_CUDA)
     ${CMAKE_CURRENT_LIST_DIR}/rope.cu ${CMAKE_CURRENT_LIST_DIR}/rope_ref.cpp
     ${CMAKE_CURRENT_LIST_DIR}/silu_mul.cu ${CMAKE_CURRENT_LIST_DIR}/silu_mul_ref.cpp
     ${CMAKE_CURRENT_LIST_DIR}/attention.cu ${CMAKE_CURRENT_LIST_DIR}/attention_ref.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/gemm.cu ${CMAKE_CURRENT_LIST_DIR}/gemm_narrow.cu
-    ${CMAKE_CURRENT_LIST_DIR}/gemm_ref.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/gemm.cu ${CMAKE_CURRENT_LIST_DIR}/gemm_ref.cpp
     ${CMAKE_CURRENT_LIST_DIR}/sampling.cu ${CMAKE_CURRENT_LIST_DIR}/sampling_ref.cpp
     ${CMAKE_CURRENT_LIST_DIR}/kv_copy.cu)
   # The wgmma prefill attention needs sm_90a's arch-specific instructions, whatever the list of

@@ -145,11 +145,6 @@ bool skinny_from_env() {
   return !(v && std::strcmp(v, "0") == 0);
 }
 
-bool narrow_from_env() {
-  const char* v = std::getenv("DUET_GEMM_NARROW");
-  return !(v && std::strcmp(v, "0") == 0);
-}
-
 bool tune_enabled() {
   const char* v = std::getenv("DUET_GEMM_TUNE");
   return !(v && std::strcmp(v, "0") == 0);
@@ -267,11 +262,6 @@ bool gemm_skinny_enabled() {
   return enabled;
 }
 
-bool gemm_narrow_enabled() {
-  static const bool enabled = narrow_from_env();
-  return enabled;
-}
-
 gemm_runner::gemm_runner() : impl_(std::make_unique<impl>()) {}
 gemm_runner::~gemm_runner() = default;
 
@@ -293,17 +283,10 @@ kstatus gemm_runner::run(const gemm_params& p, cudaStream_t stream, gemm_path pa
   if (path == gemm_path::automatic) {
     // Measured on the H200 (docs/cuda-engine.md): at m = 1 the skinny kernel beats cuBLASLt on
     // every Llama-8B shape (2.4-3.9 TB/s against 1.5-3.3), at m = 4 it loses (1.1-1.6
-    // against 1.7-3.3). From 2 rows the narrow kernel reads the weights faster than cuBLASLt.
-    if (p.x_swiglu || (p.m == 1 && gemm_skinny_enabled())) {
-      path = gemm_path::skinny;
-    } else if (p.m >= 2 && p.m <= gemm_narrow_max_rows && gemm_narrow_enabled() &&
-               gemm_narrow_supported()) {
-      path = gemm_path::narrow;
-    } else {
-      path = gemm_path::cublaslt;
-    }
+    // against 1.7-3.3).
+    path = (p.x_swiglu || (p.m == 1 && gemm_skinny_enabled())) ? gemm_path::skinny
+                                                               : gemm_path::cublaslt;
   }
-  if (path == gemm_path::narrow) return gemm_narrow(p, stream);
   if (path == gemm_path::skinny) {
     DUET_KREQUIRE(p.m <= gemm_skinny_max_rows,
                   "gemm: the skinny path takes at most gemm_skinny_max_rows rows");

@@ -3,9 +3,7 @@
 // row-major [n, k] as Hugging Face stores them. Large m goes through cuBLASLt (algorithm picked
 // per shape; for m a multiple of 64 the candidates are timed on first use outside graph
 // capture); m <= gemm_skinny_max_rows can use a bandwidth-bound kernel of our own (picked for m =
-// 1), which may also apply SwiGLU to its input on the fly (x = silu_mul(gate_up), silu_mul.cuh);
-// 2 <= m <= gemm_narrow_max_rows goes to the narrow kernel (gemm_narrow.cu) on Hopper: tensor
-// cores over weights streamed once, narrow n split along k within a thread-block cluster.
+// 1), which may also apply SwiGLU to its input on the fly (x = silu_mul(gate_up), silu_mul.cuh).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -16,16 +14,10 @@
 namespace duet::kernels {
 
 inline constexpr uint32_t gemm_skinny_max_rows = 4;
-inline constexpr uint32_t gemm_narrow_max_rows = 64;
 
 /// Whether the automatic path may pick the skinny kernel for m = 1 (DUET_GEMM_SKINNY=0 turns it
 /// off).
 [[nodiscard]] bool gemm_skinny_enabled();
-/// Whether the automatic path may pick the narrow kernel for 2 <= m <= gemm_narrow_max_rows
-/// (DUET_GEMM_NARROW=0 turns it off; it needs compute capability 9.0).
-[[nodiscard]] bool gemm_narrow_enabled();
-/// Whether the current device runs the narrow kernel (thread-block clusters: sm_90).
-[[nodiscard]] bool gemm_narrow_supported();
 
 struct gemm_params {
   const uint16_t* x =
@@ -45,7 +37,7 @@ struct gemm_params {
   bool w_static = false;
 };
 
-enum class gemm_path : uint8_t { automatic, cublaslt, skinny, narrow };
+enum class gemm_path : uint8_t { automatic, cublaslt, skinny };
 
 /// One cuBLASLt handle, its workspace and the per-shape plans; one per stream owner.
 class gemm_runner {
@@ -57,18 +49,14 @@ class gemm_runner {
 
   /// Creates the handle and a workspace on the current device.
   kstatus init(uint64_t workspace_bytes = 32ull << 20);
-  /// automatic: skinny for m = 1 (unless disabled) or whenever x_swiglu, narrow for 2 <= m <=
-  /// gemm_narrow_max_rows (where enabled and supported), cuBLASLt otherwise; skinny takes
-  /// m <= gemm_skinny_max_rows and narrow m <= gemm_narrow_max_rows when asked for.
+  /// automatic: skinny for m = 1 (unless disabled) or whenever x_swiglu, cuBLASLt otherwise;
+  /// skinny takes m <= gemm_skinny_max_rows when asked for.
   kstatus run(const gemm_params& p, cudaStream_t stream, gemm_path path = gemm_path::automatic);
 
  private:
   struct impl;
   std::unique_ptr<impl> impl_;
 };
-
-/// The narrow kernel alone (what gemm_path::narrow runs).
-kstatus gemm_narrow(const gemm_params& p, cudaStream_t stream);
 
 /// fp32 accumulation over the same bf16 inputs (output rounded to bf16 unless y_fp32).
 void gemm_reference(const gemm_params& p);
