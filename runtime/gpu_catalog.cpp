@@ -93,7 +93,7 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
       "gemm", "attention", "memory", "split_bandwidth", "split_kv_bandwidth", "split_compute",
       "concurrent_decode_slowdown",
       "concurrent_prefill_slowdown", "concurrent_decode_delay_s", "concurrent_decode_tile_keys",
-      "concurrent_decode_delay_by_overlap", "concurrent_prefill_yield", "concurrent_prefill_attention_yield",
+      "concurrent_decode_delay_by_overlap", "concurrent_overlap_on_prefill_start", "concurrent_prefill_yield", "concurrent_prefill_attention_yield",
       "concurrent_prefill_yield_scale", "concurrent_decode_delay_scale", "concurrent_decode_slowdown_scale",
       "shared_prefill_delay_s"};
   gpu_calibration cal;
@@ -139,6 +139,11 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
     const auto* flag = n->as_boolean();
     if (!flag) fail(file, n, "concurrent_decode_delay_by_overlap", "must be true or false");
     cal.concurrent_decode_delay_by_overlap = flag->get();
+  }
+  if (const auto* n = root.get("concurrent_overlap_on_prefill_start")) {
+    const auto* flag = n->as_boolean();
+    if (!flag) fail(file, n, "concurrent_overlap_on_prefill_start", "must be true or false");
+    cal.concurrent_overlap_on_prefill_start = flag->get();
   }
   if (const auto* n = root.get("concurrent_prefill_yield"))
     cal.concurrent_prefill_yield = fraction(file, *n, "concurrent_prefill_yield");

@@ -80,6 +80,12 @@ struct gpu_calibration {
   // in flight overlaps: a chunk ending a third of the way into the step (delay included)
   // delays it by a third of the delay (event_sim, docs/sim.md).
   std::optional<bool> concurrent_decode_delay_by_overlap;
+  // With this true, a prefill step that starts while a decode step runs on the other stream
+  // interferes with the rest of it as one already running would: the decode step's kernels
+  // still to come wait (concurrent_decode_delay_s, scaled as above, times the share of the
+  // step left), and the prefill step loses its yield of that rest (event_sim, docs/sim.md).
+  // Without it only the engine whose step starts second is affected.
+  std::optional<bool> concurrent_overlap_on_prefill_start;
   // ... and a prefill step in flight loses this fraction of every decode step that starts
   // during it (the decode stream has the higher priority: its kernels get the SMs first).
   std::optional<double> concurrent_prefill_yield;

@@ -10,7 +10,8 @@
 # -2026-12-03.toml (the decode delay by overlap); docs/data/h200-serve-2026-12-03, -03b and
 # -03c (out of sample: decode batch caps 128 and 256 on one machine) with ...-2026-12-03.toml;
 # -03d to -03g (prefill chunks of 512 to 2,048 tokens, code x1, conversation x4.5 and x5) with
-# ...-2026-12-03b.toml (the newest: PD-streams contention by prefill step size) or -03c.toml.
+# ...-2026-12-03b.toml (PD-streams contention by prefill step size), -03c.toml or -03i.toml (the
+# newest: a prefill step starting during a decode step delays it too).
 set -eu
 cd "$(dirname "$0")/.."
 CAL=${1:-config/calibration-duet/h200-cuda-engine.toml}

@@ -876,6 +876,7 @@ class event_sim {
       tl.step_start = now_;
       const auto work_ns = static_cast<int64_t>(static_cast<double>(u.engine->last_modeled()) * stretch);
       tl.step_end = now_ + work_ns + delay_ns;
+      if (u.prefill) tl.step_end += overlap_decode_in_flight(u, tl);
       push({tl.step_end, event_kind::step_done, false, t, ++tl.generation});
       // The prefill in flight loses SM time to the decode step's work, not to its wait.
       if (u.decode) {
@@ -930,6 +931,35 @@ class event_sim {
       return {stretch, static_cast<int64_t>(delay)};
     }
     return {1.0, 0};
+  }
+
+  /// A prefill step `u` starting while a decode step of its GPU runs on another stream (with
+  /// concurrent_overlap_on_prefill_start): the decode step's kernels still to come queue behind
+  /// the prefill blocks, so it ends later by the decode delay beside this chunk times the share
+  /// of the step left; and the prefill step loses its yield of that rest, as beside a decode
+  /// step starting during it. Returns the prefill step's added ns.
+  int64_t overlap_decode_in_flight(const unit& u, const timeline& tl) {
+    const auto& cal = specs_[tl.gpu].calibration;
+    if (!u.spec.own_stream || u.spec.sm_share < 1 ||
+        !cal.concurrent_overlap_on_prefill_start.value_or(false))
+      return 0;
+    int64_t added = 0;
+    for (uint32_t t = 0; t < timelines_.size(); ++t) {
+      timeline& other = timelines_[t];
+      if (&other == &tl || other.gpu != tl.gpu || !other.busy || other.stream) continue;
+      const unit& decode = *units_[other.running];
+      if (!decode.decode || !decode.spec.own_stream || decode.spec.sm_share < 1) continue;
+      const int64_t whole = other.step_end - other.step_start, left = other.step_end - now_;
+      if (whole <= 0 || left <= 0) continue;
+      const double delay = cal.concurrent_decode_delay_s.value_or(0.0) * 1e9 *
+                           chunk_delay_factor(u, tl.gpu) *
+                           cal.concurrent_decode_delay_scale.at(prefill_step_tokens(u), 1.0);
+      other.step_end +=
+          static_cast<int64_t>(delay * static_cast<double>(left) / static_cast<double>(whole));
+      push({other.step_end, event_kind::step_done, false, t, ++other.generation});
+      added += static_cast<int64_t>(decode_yield(decode, u, tl.gpu) * static_cast<double>(left));
+    }
+    return added;
   }
 
   /// How the decode delay beside the step `running` has in flight scales with its chunk, when

@@ -385,6 +385,13 @@ TEST_CASE(
   CHECK(contains(error_of<gpu_catalog_error>(
                      [&] { (void)load_gpu_calibration(dir / "overlap_number.toml"); }),
                  "must be true or false"));
+  CHECK_FALSE(contention.concurrent_overlap_on_prefill_start.has_value());
+  std::ofstream(dir / "prefill_start.toml") << "concurrent_overlap_on_prefill_start = true\n";
+  CHECK(load_gpu_calibration(dir / "prefill_start.toml").concurrent_overlap_on_prefill_start == true);
+  std::ofstream(dir / "prefill_start_text.toml") << "concurrent_overlap_on_prefill_start = \"yes\"\n";
+  CHECK(contains(error_of<gpu_catalog_error>(
+                     [&] { (void)load_gpu_calibration(dir / "prefill_start_text.toml"); }),
+                 "concurrent_overlap_on_prefill_start"));
   CHECK(contention.concurrent_decode_delay_s == Approx(0.014));
   CHECK(contention.concurrent_prefill_slowdown == Approx(1.2));
   CHECK(contention.concurrent_prefill_yield == Approx(0.6));
@@ -755,6 +762,51 @@ TEST_CASE("a decode step waits out the delay beside a prefill step only for the 
   // ...while a step that starts with a chunk still waits the whole 20 ms, and never more.
   CHECK(part.itl_s.max >= 0.02 + alone.itl_s.p50);
   CHECK(part.itl_s.max <= full.itl_s.max + 1e-3);
+}
+
+TEST_CASE(
+    "a prefill step starting during a decode step delays the rest of it and loses its yield of "
+    "it (concurrent_overlap_on_prefill_start)") {
+  auto config = default_config();
+  config.nodes.resize(1);
+  for (auto& a : config.nodes[0].actors) a.device = 0;
+  const auto own = deployment_from_config(config);
+  REQUIRE(own.gpus.size() == 1);
+  const auto trace =
+      load_trace_spec("synthetic:poisson:rate=3,duration=30,in=2000,out=100,seed=12");
+  sim_options second_only;
+  gpu_calibration cal;
+  cal.concurrent_decode_delay_s = 0.02;
+  cal.concurrent_decode_delay_by_overlap = true;
+  second_only.calibrations[own.gpus[0].type] = cal;
+  sim_options both = second_only;
+  both.calibrations[own.gpus[0].type].concurrent_overlap_on_prefill_start = true;
+  sim_options both_yielding = both;
+  both_yielding.calibrations[own.gpus[0].type].concurrent_prefill_yield = 0.5;
+  sim_options second_yielding = second_only;
+  second_yielding.calibrations[own.gpus[0].type].concurrent_prefill_yield = 0.5;
+  const auto alone = summarize(run_simulation(config, own, trace).records);
+  const auto before = summarize(run_simulation(config, own, trace, second_only).records);
+  const auto after = summarize(run_simulation(config, own, trace, both).records);
+  const auto before_y = summarize(run_simulation(config, own, trace, second_yielding).records);
+  const auto after_y = summarize(run_simulation(config, own, trace, both_yielding).records);
+  for (const auto* r : {&before, &after, &before_y, &after_y}) REQUIRE(r->completed == trace.size());
+  MESSAGE("ITL mean / max: alone " << alone.itl_s.mean * 1e3 << " / " << alone.itl_s.max * 1e3
+                                   << " ms, decode start only " << before.itl_s.mean * 1e3 << " / "
+                                   << before.itl_s.max * 1e3 << " ms, prefill start too "
+                                   << after.itl_s.mean * 1e3 << " / " << after.itl_s.max * 1e3
+                                   << " ms; TTFT P50 with yield 0.5: " << before_y.ttft_s.p50 * 1e3
+                                   << " -> " << after_y.ttft_s.p50 * 1e3 << " ms");
+  // Decode steps that a chunk starts into now wait too (one chunk start per prompt here, against
+  // a dozen decode steps starting during each chunk): more of the delay reaches the gaps...
+  CHECK(after.itl_s.mean > before.itl_s.mean);
+  // ...and a step that began beside one chunk and sees the next start waits for both, never more.
+  CHECK(after.itl_s.max > before.itl_s.max);
+  CHECK(after.itl_s.max <= alone.itl_s.max + 2 * 0.02 + 1e-3);
+  // ...and without a yield the prefill steps are as long as before, so TTFT moves only through
+  // the decode steps' later ends (the broker's ack), while with one the prefill loses time too.
+  CHECK(after_y.ttft_s.p50 > before_y.ttft_s.p50);
+  CHECK(after_y.ttft_s.p50 - before_y.ttft_s.p50 > after.ttft_s.p50 - before.ttft_s.p50);
 }
 
 TEST_CASE(
