@@ -42,8 +42,9 @@ KV_BYTES_PER_TOKEN = 2 * L * KV * 2
 SERVING_KEYS = ("step_overhead_s", "decode_sequence_overhead_s", "split_bandwidth", "split_kv_bandwidth", "split_compute",
                 "concurrent_decode_slowdown", "concurrent_prefill_slowdown",
                 "concurrent_decode_delay_s", "concurrent_decode_tile_keys", "concurrent_decode_delay_by_overlap",
-                "concurrent_prefill_yield",
-                "concurrent_prefill_attention_yield", "shared_prefill_delay_s")
+                "concurrent_overlap_on_prefill_start", "concurrent_prefill_yield",
+                "concurrent_prefill_attention_yield", "concurrent_prefill_yield_scale",
+                "concurrent_decode_delay_scale", "concurrent_decode_slowdown_scale", "shared_prefill_delay_s")
 
 
 def gpu_spec(name):
