@@ -685,12 +685,23 @@ TEST_CASE(
   CHECK(series->values.back() <= double(preemptions));
 }
 
+namespace {
+
+/// The default deployment with its prefill and decode workers on one GPU (device 0), each on
+/// its own stream (the default).
+deployment_config one_gpu_own_streams() {
+  auto config = default_config();
+  config.nodes.resize(1);
+  for (auto& a : config.nodes[0].actors) a.device = 0;
+  return config;
+}
+
+}  // namespace
+
 TEST_CASE(
     "engines on streams of their own step concurrently on one GPU, slowed by the calibrated "
     "contention; on one shared stream they take turns") {
-  auto config = default_config();
-  config.nodes.resize(1);
-  for (auto& a : config.nodes[0].actors) a.device = 0;  // prefill and decode on one GPU
+  auto config = one_gpu_own_streams();  // prefill and decode on one GPU
   auto own = deployment_from_config(config);
   REQUIRE(own.gpus.size() == 1);
   for (const auto& w : own.workers) CHECK(w.own_stream);
@@ -734,9 +745,7 @@ TEST_CASE(
 }
 
 TEST_CASE("a decode step waits out the delay beside a prefill step only for the part they overlap") {
-  auto config = default_config();
-  config.nodes.resize(1);
-  for (auto& a : config.nodes[0].actors) a.device = 0;
+  auto config = one_gpu_own_streams();
   const auto own = deployment_from_config(config);
   REQUIRE(own.gpus.size() == 1);
   const auto trace =
@@ -767,9 +776,7 @@ TEST_CASE("a decode step waits out the delay beside a prefill step only for the 
 TEST_CASE(
     "a prefill step starting during a decode step delays the rest of it and loses its yield of "
     "it (concurrent_overlap_on_prefill_start)") {
-  auto config = default_config();
-  config.nodes.resize(1);
-  for (auto& a : config.nodes[0].actors) a.device = 0;
+  auto config = one_gpu_own_streams();
   const auto own = deployment_from_config(config);
   REQUIRE(own.gpus.size() == 1);
   const auto trace =
@@ -869,9 +876,7 @@ TEST_CASE(
 TEST_CASE(
     "the chunk-size factors scale the prefill yield (up to the whole decode step), the decode "
     "slowdown (at least 1) and the decode delay at the tokens of the prefill step in flight") {
-  auto config = default_config();
-  config.nodes.resize(1);
-  for (auto& a : config.nodes[0].actors) a.device = 0;
+  auto config = one_gpu_own_streams();
   const auto trace =
       load_trace_spec("synthetic:poisson:rate=3,duration=30,in=2000,out=100,seed=13");
   const auto run = [&](const deployment_config& c, const gpu_calibration& cal) {
@@ -937,10 +942,8 @@ namespace {
 /// The default deployment with its prefill and decode workers on one H200, each on its own
 /// stream (the default).
 deployment_config one_h200_own_streams() {
-  auto config = default_config();
+  auto config = one_gpu_own_streams();
   config.engine.gpu = "h200";
-  config.nodes.resize(1);
-  for (auto& a : config.nodes[0].actors) a.device = 0;
   return config;
 }
 
