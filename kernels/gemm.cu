@@ -219,12 +219,12 @@ struct gemm_runner::impl {
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
     // Asking for more than 8 returned 8 on every Llama-8B shape (cuBLAS 13.0, H200).
     constexpr int wanted = 8;
-    std::vector<cublasLtMatmulHeuristicResult_t> results(wanted);
+    cublasLtMatmulHeuristicResult_t results[wanted];
     int found = 0;
     const cublasStatus_t heur =
         set == CUBLAS_STATUS_SUCCESS
             ? cublasLtMatmulAlgoGetHeuristic(handle, pl.desc, pl.a, pl.b, pl.d, pl.d, pref, wanted,
-                                             results.data(), &found)
+                                             results, &found)
             : set;
     cublasLtMatmulPreferenceDestroy(pref);
     DUET_LT(heur);
