@@ -45,8 +45,6 @@ __device__ __forceinline__ void x_chunk(const gemm_params& p, int r, uint32_t c,
 template <int max_m, bool swiglu>
 __global__ void __launch_bounds__(sk_threads) skinny_kernel(gemm_params p) {
   __shared__ float red[sk_threads / 32][sk_rows][max_m];
-  const uint32_t tiles = (p.n + sk_rows - 1) / sk_rows;
-  if (blockIdx.x >= tiles) return dev::l2_prefetch_share(p.prefetch, blockIdx.x - tiles);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const uint32_t n0 = blockIdx.x * sk_rows;
   const int m = static_cast<int>(p.m);
@@ -329,7 +327,7 @@ kstatus gemm_runner::run(const gemm_params& p, cudaStream_t stream, gemm_path pa
     DUET_KREQUIRE(p.m <= gemm_skinny_max_rows,
                   "gemm: the skinny path takes at most gemm_skinny_max_rows rows");
     DUET_KREQUIRE(p.n <= 65535u * sk_rows * 1024u, "gemm: n too large for the skinny path");
-    const dim3 grid((p.n + sk_rows - 1) / sk_rows + p.prefetch.ctas);
+    const dim3 grid((p.n + sk_rows - 1) / sk_rows);
     DUET_KREQUIRE(!p.x_swiglu || p.m == 1, "gemm: SwiGLU input takes one row");
     if (p.x_swiglu) {
       DUET_KCHECK(launch(skinny_kernel<1, true>, grid, dim3(sk_threads), 0, stream, p));

@@ -10,7 +10,6 @@
 #include <memory>
 
 #include "kernels/kernel_status.hpp"
-#include "kernels/l2_prefetch.hpp"
 
 namespace duet::kernels {
 
@@ -36,9 +35,6 @@ struct gemm_params {
   // then loads its first weight chunks before waiting for the previous kernel (PDL), so a GEMV's
   // weight stream starts while the kernel before it finishes.
   bool w_static = false;
-  // Skinny path only (cuBLASLt ignores it): CTAs after the GEMV's that pull a later kernel's
-  // weights into L2; being last, they run during this GEMV's final wave.
-  l2_prefetch prefetch{};
 };
 
 enum class gemm_path : uint8_t { automatic, cublaslt, skinny };

@@ -5,7 +5,6 @@
 #include <cuda_runtime.h>
 
 #include "kernels/kernel_status.hpp"
-#include "kernels/l2_prefetch.hpp"
 
 namespace duet::kernels {
 
@@ -26,25 +25,6 @@ __device__ __forceinline__ void pdl_wait() {
 __device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" :::);
-#endif
-}
-/// The share of `p` that prefetch CTA `cta` (0 <= cta < p.ctas) pulls into L2: lane i of warp 0
-/// issues pieces i, i + 32, ... of 32 KiB with cp.async.bulk.prefetch, which needs no wait and
-/// no buffer. Called by a kernel's appended CTAs before anything else, without waiting for the
-/// previous grid: weights are never written by kernels queued before.
-__device__ __forceinline__ void l2_prefetch_share(const l2_prefetch& p, uint32_t cta) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr uint64_t piece = 32 << 10;
-  if (threadIdx.x >= 32 || cta >= p.ctas) return;
-  const uint64_t total = p.bytes & ~uint64_t{15};
-  const uint64_t share = (total / p.ctas + 15) & ~uint64_t{15};
-  const uint64_t end = min(total, (cta + 1) * share);
-  const char* base = static_cast<const char*>(p.ptr);
-  for (uint64_t off = cta * share + threadIdx.x * piece; off < end; off += 32 * piece) {
-    const uint32_t size = static_cast<uint32_t>(min(piece, end - off));
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(base + off), "r"(size)
-                 : "memory");
-  }
 #endif
 }
 }  // namespace dev

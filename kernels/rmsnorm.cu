@@ -10,7 +10,6 @@ constexpr int threads = 256;
 
 // One CTA per row; the row's (summed) values stay in shared memory between the two passes.
 __global__ void __launch_bounds__(threads) rmsnorm_kernel(rmsnorm_params p) {
-  if (blockIdx.x >= p.rows) return dev::l2_prefetch_share(p.prefetch, blockIdx.x - p.rows);
   dev::pdl_wait();
   dev::pdl_launch_dependents();
   extern __shared__ float row_values[];
@@ -61,7 +60,7 @@ kstatus add_rmsnorm(const rmsnorm_params& p, cudaStream_t stream) {
   if (smem > 48 * 1024)
     DUET_KCHECK(cudaFuncSetAttribute(rmsnorm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      64 * 1024));
-  DUET_KCHECK(launch(rmsnorm_kernel, dim3(p.rows + p.prefetch.ctas), dim3(threads), smem, stream, p));
+  DUET_KCHECK(launch(rmsnorm_kernel, dim3(p.rows), dim3(threads), smem, stream, p));
   return {};
 }
 

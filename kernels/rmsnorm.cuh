@@ -8,7 +8,6 @@
 #include <cstdint>
 
 #include "kernels/kernel_status.hpp"
-#include "kernels/l2_prefetch.hpp"
 
 namespace duet::kernels {
 
@@ -20,7 +19,6 @@ struct rmsnorm_params {
   uint32_t rows = 0;
   uint32_t hidden = 0;  // a multiple of 8, at most 16384
   float eps = 1e-5f;
-  l2_prefetch prefetch{};  // CTAs after the rows' that pull a later kernel's weights into L2
 };
 
 kstatus add_rmsnorm(const rmsnorm_params& p, cudaStream_t stream);

@@ -9,7 +9,6 @@ namespace {
 // One CTA per row; thread t rotates pairs t, t + blockDim, ... of (head, i < half), then the
 // V heads are copied in 16-byte chunks.
 __global__ void rope_kernel(rope_params p) {
-  if (blockIdx.x >= p.rows) return dev::l2_prefetch_share(p.prefetch, blockIdx.x - p.rows);
   dev::pdl_wait();
   dev::pdl_launch_dependents();
   const uint32_t row = blockIdx.x;
@@ -61,7 +60,6 @@ __global__ void rope_kernel(rope_params p) {
 // and rows are 16-byte aligned: ncu at 8,192 rows showed the pair-per-thread kernel at 1.8 TB/s
 // (104 us per layer, floor 47 us), its 2-byte accesses using a fraction of each sector.
 __global__ void rope_kernel_vec8(rope_params p) {
-  if (blockIdx.x >= p.rows) return dev::l2_prefetch_share(p.prefetch, blockIdx.x - p.rows);
   dev::pdl_wait();
   dev::pdl_launch_dependents();
   const uint32_t row = blockIdx.x;
@@ -144,7 +142,7 @@ kstatus rope_apply(const rope_params& p, cudaStream_t stream) {
   const bool vec8 =
       p.head_dim % 16 == 0 && p.row_stride % 8 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(p.cos) % 16 == 0 && reinterpret_cast<uintptr_t>(p.sin) % 16 == 0;
-  DUET_KCHECK(launch(vec8 ? rope_kernel_vec8 : rope_kernel, dim3(p.rows + p.prefetch.ctas), dim3(vec8 ? 128 : 256), 0,
+  DUET_KCHECK(launch(vec8 ? rope_kernel_vec8 : rope_kernel, dim3(p.rows), dim3(vec8 ? 128 : 256), 0,
                      stream, p));
   return {};
 }

@@ -10,7 +10,6 @@
 #include <cstdint>
 
 #include "kernels/kernel_status.hpp"
-#include "kernels/l2_prefetch.hpp"
 #include "kernels/kv_layout.hpp"
 
 namespace duet::kernels {
@@ -31,7 +30,6 @@ struct rope_params {
       nullptr;  // [rows]: block * block_tokens + slot in block; negative: not stored
   kv_pool_view kv;
   uint32_t layer = 0;
-  l2_prefetch prefetch{};  // CTAs after the rows' that pull a later kernel's weights into L2
 };
 
 kstatus rope_apply(const rope_params& p, cudaStream_t stream);

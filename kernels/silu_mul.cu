@@ -7,8 +7,6 @@ namespace duet::kernels {
 namespace {
 
 __global__ void silu_mul_kernel(silu_mul_params p) {
-  if (blockIdx.y >= p.rows)
-    return dev::l2_prefetch_share(p.prefetch, (blockIdx.y - p.rows) * gridDim.x + blockIdx.x);
   dev::pdl_wait();
   dev::pdl_launch_dependents();
   const uint32_t row = blockIdx.y;
@@ -33,15 +31,7 @@ kstatus silu_mul(const silu_mul_params& p, cudaStream_t stream) {
   if (p.rows == 0) return {};
   const uint32_t chunks = p.ffn / 8;
   dim3 grid((chunks + 255) / 256, p.rows);
-  // Prefetch CTAs are whole rows of the grid after the data's; every one of them takes a share.
-  silu_mul_params q = p;
-  if (q.prefetch.ctas > 0) {
-    const uint32_t extra_rows = (q.prefetch.ctas + grid.x - 1) / grid.x;
-    q.prefetch.ctas = extra_rows * grid.x;
-    grid.y += extra_rows;
-  }
-  DUET_KREQUIRE(grid.y <= 65535u, "silu_mul: at most 65535 rows with the prefetch CTAs");
-  DUET_KCHECK(launch(silu_mul_kernel, grid, dim3(256), 0, stream, q));
+  DUET_KCHECK(launch(silu_mul_kernel, grid, dim3(256), 0, stream, p));
   return {};
 }
 

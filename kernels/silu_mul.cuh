@@ -6,7 +6,6 @@
 #include <cstdint>
 
 #include "kernels/kernel_status.hpp"
-#include "kernels/l2_prefetch.hpp"
 
 namespace duet::kernels {
 
@@ -15,7 +14,6 @@ struct silu_mul_params {
   uint16_t* out = nullptr;            // [rows, ffn] bf16
   uint32_t rows = 0;
   uint32_t ffn = 0;  // a multiple of 8
-  l2_prefetch prefetch{};  // CTAs after the rows' that pull a later kernel's weights into L2
 };
 
 kstatus silu_mul(const silu_mul_params& p, cudaStream_t stream);

@@ -34,10 +34,6 @@ namespace k = kernels;
 
 namespace {
 
-// MiB of each GEMM's weights that decode's kernel before it pulls into L2 (l2_prefetch.hpp); the
-// H200's L2 holds 50 MB (docs/cuda-engine.md, "L2 prefetch").
-constexpr uint32_t default_l2_prefetch_mib = 32;
-
 [[noreturn]] void cuda_fail(cudaError_t e, const char* call, const char* file, int line) {
   throw std::runtime_error(std::string("cuda_engine: ") + file + ":" + std::to_string(line) + ": " +
                            call + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
@@ -753,9 +749,6 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
     attention_variant_ = 5;
   if (const char* v = std::getenv("DUET_CUDA_ATTN_VARIANT"))
     attention_variant_ = static_cast<uint32_t>(std::atoi(v));
-  l2_prefetch_bytes_ = uint64_t{default_l2_prefetch_mib} << 20;
-  if (const char* v = std::getenv("DUET_L2_PREFETCH_MB"))
-    l2_prefetch_bytes_ = static_cast<uint64_t>(std::max(0, std::atoi(v))) << 20;
   if (const char* v = std::getenv("DUET_KV_READ_STAGING"))
     staged_reads_ = std::string_view(v) != "0";
   // Multiples of 32 above 32: a batch of 129 runs 160 rows, not 256 (a bucket's GEMMs cost as
@@ -867,19 +860,12 @@ void cuda_engine::forward(const pass& ps, void* stream) {
   auto* delta = b.delta.as<uint16_t>();
   // One row (batch-1 decode): SwiGLU is applied inside the down projection's skinny GEMM.
   const bool fused_swiglu = rows == 1 && k::gemm_skinny_enabled();
-  // Decode: the kernel before each GEMM pulls the head of its weights into L2 while HBM would idle.
-  const uint64_t prefetch_cap = ps.decode ? l2_prefetch_bytes_ : 0;
-  auto ahead = [prefetch_cap](const uint16_t* weight, uint64_t elems) {
-    return k::l2_prefetch_of(weight, elems * 2, prefetch_cap);
-  };
 
   kcheck(k::embedding_gather(
       {w.embedding, b.dev<int32_t>(b.meta.tokens), x, rows, hidden, c.vocab_size}, s));
   for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
     const cuda_weights::layer& L = w.layers[l];
-    kcheck(k::add_rmsnorm({x, l == 0 ? nullptr : delta, L.input_norm, h, rows, hidden, eps,
-                           ahead(L.qkv, uint64_t{qkv_dim} * hidden)},
-                          s));
+    kcheck(k::add_rmsnorm({x, l == 0 ? nullptr : delta, L.input_norm, h, rows, hidden, eps}, s));
     k::gemm_params g{h, hidden, L.qkv, L.qkv_bias, qkv, qkv_dim, rows, qkv_dim, hidden};
     g.w_static = true;
     kcheck(b.gemm.run(g, s));
@@ -897,7 +883,6 @@ void cuda_engine::forward(const pass& ps, void* stream) {
     rp.slots = b.dev<int32_t>(b.meta.slots);
     rp.kv = kv;
     rp.layer = l;
-    rp.prefetch = ahead(L.o, uint64_t{hidden} * qd);
     kcheck(k::rope_apply(rp, s));
     if (ps.decode) {
       k::decode_attention_params ap;
@@ -942,12 +927,9 @@ void cuda_engine::forward(const pass& ps, void* stream) {
     k::gemm_params o{attn, qd, L.o, L.o_bias, delta, hidden, rows, hidden, qd};
     o.w_static = true;
     kcheck(b.gemm.run(o, s));
-    kcheck(k::add_rmsnorm({x, delta, L.post_norm, h, rows, hidden, eps,
-                           ahead(L.gate_up, uint64_t{2} * ffn * hidden)},
-                          s));
+    kcheck(k::add_rmsnorm({x, delta, L.post_norm, h, rows, hidden, eps}, s));
     k::gemm_params gate_up{h, hidden, L.gate_up, nullptr, gu, 2 * ffn, rows, 2 * ffn, hidden};
     gate_up.w_static = true;
-    if (fused_swiglu) gate_up.prefetch = ahead(L.down, uint64_t{hidden} * ffn);
     kcheck(b.gemm.run(gate_up, s));
     if (fused_swiglu) {
       k::gemm_params down{gu, 2 * ffn, L.down, nullptr, delta, hidden, rows, hidden, ffn};
@@ -955,16 +937,13 @@ void cuda_engine::forward(const pass& ps, void* stream) {
       down.w_static = true;
       kcheck(b.gemm.run(down, s));
     } else {
-      kcheck(k::silu_mul(
-          {gu, b.act.as<uint16_t>(), rows, ffn, ahead(L.down, uint64_t{hidden} * ffn)}, s));
+      kcheck(k::silu_mul({gu, b.act.as<uint16_t>(), rows, ffn}, s));
       k::gemm_params down{b.act.as<uint16_t>(), ffn, L.down, nullptr, delta, hidden, rows, hidden, ffn};
       down.w_static = true;
       kcheck(b.gemm.run(down, s));
     }
   }
-  kcheck(k::add_rmsnorm({x, delta, w.final_norm, h, rows, hidden, eps,
-                         ahead(w.lm_head, uint64_t{c.vocab_size} * hidden)},
-                        s));
+  kcheck(k::add_rmsnorm({x, delta, w.final_norm, h, rows, hidden, eps}, s));
   if (ps.outputs == 0) return;
   const uint16_t* head_in = h;
   if (!ps.decode) {

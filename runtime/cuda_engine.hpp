@@ -175,9 +175,6 @@ class cuda_engine final : public engine {
   std::set<int> peers_;             // devices whose memory this engine's context may read
   uint32_t attention_variant_ = 0;  // kernels/attention.cuh variant: 5 on sm_90, else 0
                                     // (DUET_CUDA_ATTN_VARIANT overrides)
-  // Decode passes: how much of each GEMM's weights the kernel before it pulls into L2
-  // (kernels/l2_prefetch.hpp); DUET_L2_PREFETCH_MB sets it in MiB, 0 turns it off.
-  uint64_t l2_prefetch_bytes_ = 0;
   uint64_t graph_steps_ = 0;
   uint64_t eager_steps_ = 0;
 };

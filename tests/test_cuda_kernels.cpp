@@ -29,14 +29,6 @@ void ok(const kstatus& s) {
   REQUIRE_MESSAGE(s.ok(), s.message());
 }
 
-/// Prefetch CTAs for a launch (kernels/l2_prefetch.hpp): 5 of them over a 3 MiB + 40 byte
-/// buffer, so shares are uneven and the tail past a multiple of 16 is left out. A kernel must
-/// give the same results with them appended: they write nothing and shift no data CTA.
-struct prefetch_target {
-  dbuf<uint16_t> buffer{((3u << 20) + 40) / 2};
-  l2_prefetch params() const { return {buffer.get(), (3u << 20) + 40, 5}; }
-};
-
 void expect(const error_stats& e, double bound, const std::string& what) {
   INFO(what << ": rel " << e.rel << " (bound " << bound << "), non-finite " << e.nan << " of "
             << e.n);
@@ -97,7 +89,6 @@ TEST_CASE("kv_copy_blocks copies every listed block, whole and in order, and tou
 
 TEST_CASE("add_rmsnorm matches Hugging Face's bf16 RMSNorm with and without the residual add") {
   DUET_REQUIRE_GPU();
-  const prefetch_target prefetch;
   std::mt19937 rng(2);
   for (uint32_t hidden : {64u, 576u, 4096u, 8192u}) {
     for (uint32_t rows : {1u, 5u, 64u}) {
@@ -107,10 +98,9 @@ TEST_CASE("add_rmsnorm matches Hugging Face's bf16 RMSNorm with and without the 
         const auto delta = random_bf16(n, rng, 1.0f);
         const auto weight = random_bf16(hidden, rng, 0.1f, 1.0f);
         dbuf<uint16_t> dres(res), ddelta(delta), dw(weight), dout(n);
-        // With the residual add, the launch also carries prefetch CTAs.
-        ok(add_rmsnorm({dres.get(), add ? ddelta.get() : nullptr, dw.get(), dout.get(), rows,
-                        hidden, 1e-5f, add ? prefetch.params() : l2_prefetch{}},
-                       nullptr));
+        ok(add_rmsnorm(
+            {dres.get(), add ? ddelta.get() : nullptr, dw.get(), dout.get(), rows, hidden, 1e-5f},
+            nullptr));
         std::vector<uint16_t> out_ref(n);
         add_rmsnorm_reference({res.data(), add ? delta.data() : nullptr, weight.data(),
                                out_ref.data(), rows, hidden, 1e-5f});
@@ -127,7 +117,6 @@ TEST_CASE("add_rmsnorm matches Hugging Face's bf16 RMSNorm with and without the 
 TEST_CASE(
     "rope_apply rotates q and k with llama3-scaled tables and appends K and V to their pages") {
   DUET_REQUIRE_GPU();
-  const prefetch_target prefetch;
   std::mt19937 rng(3);
   struct shape {
     uint32_t q_heads, k_heads, block_tokens;
@@ -183,7 +172,6 @@ TEST_CASE(
         gp.sin = dsin.get();
         gp.slots = dslots.get();
         gp.kv.pool = dpool.get();
-        if (rows > 1) gp.prefetch = prefetch.params();
         ok(rope_apply(gp, nullptr));
         rope_params rp = p;
         rp.x = x.data();
@@ -205,14 +193,12 @@ TEST_CASE(
 
 TEST_CASE("silu_mul matches bf16(bf16(silu(gate)) * up)") {
   DUET_REQUIRE_GPU();
-  const prefetch_target prefetch;
   std::mt19937 rng(4);
   for (uint32_t ffn : {64u, 14336u}) {
     for (uint32_t rows : {1u, 19u}) {
       const auto gu = random_bf16(uint64_t{rows} * 2 * ffn, rng, 3.0f);
       dbuf<uint16_t> dgu(gu), dout(uint64_t{rows} * ffn);
-      ok(silu_mul({dgu.get(), dout.get(), rows, ffn, rows > 1 ? prefetch.params() : l2_prefetch{}},
-                  nullptr));
+      ok(silu_mul({dgu.get(), dout.get(), rows, ffn}, nullptr));
       std::vector<uint16_t> ref(uint64_t{rows} * ffn);
       silu_mul_reference({gu.data(), ref.data(), rows, ffn});
       // Bound 4e-3: __expf against std::exp moves a few results by one bf16 ulp.
@@ -225,7 +211,6 @@ TEST_CASE(
     "gemm matches fp32 accumulation on the skinny and cuBLASLt paths, with bias, fp32 output and "
     "SwiGLU input") {
   DUET_REQUIRE_GPU();
-  const prefetch_target prefetch;
   std::mt19937 rng(5);
   gemm_runner runner;
   ok(runner.init());
@@ -268,7 +253,6 @@ TEST_CASE(
                   s.k,
                   s.fp32,
                   s.swiglu};
-    g.prefetch = prefetch.params();  // appended CTAs on the skinny path; cuBLASLt ignores them
     ok(runner.run(g, nullptr, s.path));
     gemm_params r = g;
     r.x = x.data();
