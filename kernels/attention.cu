@@ -559,15 +559,18 @@ __host__ __device__ inline uint64_t align256(uint64_t v) {
   return (v + 255) / 256 * 256;
 }
 
-__host__ __device__ inline decode_workspace carve(void* base, uint32_t batch, uint32_t heads,
-                                                  uint32_t kv_heads, uint32_t max_splits) {
-  char* p = static_cast<char*>(base);
+// The counters come first, sized for the batch the workspace was made for: they keep their place
+// whatever the batch of a launch, so a counter is never where a smaller batch's partials were
+// written (counters must read zero when a launch starts).
+__host__ __device__ inline decode_workspace carve(void* base, const decode_attention_params& p) {
+  const uint32_t counter_rows = p.workspace_batch > 0 ? p.workspace_batch : p.batch;
+  char* at = static_cast<char*>(base);
   decode_workspace w;
-  w.counters = reinterpret_cast<uint32_t*>(p);
-  p += align256(uint64_t{batch} * kv_heads * 4);
-  w.partial_o = reinterpret_cast<float*>(p);
-  p += align256(uint64_t{batch} * heads * max_splits * head_dim * 4);
-  w.partial_ml = reinterpret_cast<float*>(p);
+  w.counters = reinterpret_cast<uint32_t*>(at);
+  at += align256(uint64_t{counter_rows} * p.kv_heads * 4);
+  w.partial_o = reinterpret_cast<float*>(at);
+  at += align256(uint64_t{p.batch} * p.heads * p.max_splits * head_dim * 4);
+  w.partial_ml = reinterpret_cast<float*>(at);
   return w;
 }
 
@@ -631,7 +634,7 @@ __device__ __forceinline__ void decode_finish(const decode_attention_params& p, 
     }
   }
   __syncthreads();
-  const decode_workspace ws = carve(p.workspace, p.batch, p.heads, p.kv_heads, p.max_splits);
+  const decode_workspace ws = carve(p.workspace, p);
   const int d = tid;  // 128 threads, one dimension each
   for (int r = 0; r < group; ++r) {
     float mx = -INFINITY;
@@ -966,6 +969,8 @@ kstatus decode_attention(const decode_attention_params& p, cudaStream_t stream) 
       p.q && p.out && p.kv.pool && p.block_table && p.seq_table && p.seq_lens && p.workspace,
       "decode_attention: null pointer");
   DUET_KREQUIRE(p.batch <= 65535, "decode_attention: batch over 65535");
+  DUET_KREQUIRE(p.workspace_batch == 0 || p.batch <= p.workspace_batch,
+                "decode_attention: batch over the workspace's workspace_batch");
   if (p.batch == 0) return {};
   // Variants 2 to 6 exist for prefill only; decode runs its default then.
   DUET_KREQUIRE(p.variant <= 6, "decode_attention: variant must be 0 to 6");

@@ -75,10 +75,14 @@ struct decode_attention_params {
   // Workspace (decode_attention_workspace_bytes), the counters zeroed once before first use;
   // every launch leaves them zero again.
   void* workspace = nullptr;
+  // The batch the workspace was sized for (0: this launch's batch). Launches of any batch up to it
+  // may share the workspace only when it is set: the split counters are placed for it.
+  uint32_t workspace_batch = 0;
 };
 
 inline constexpr uint32_t decode_attention_max_splits = 64;
-/// Bytes of workspace decode_attention needs for `batch` sequences of this shape.
+/// Bytes of workspace decode_attention needs for `batch` sequences of this shape (and for any
+/// smaller batch at no more splits, launched with workspace_batch = batch).
 [[nodiscard]] uint64_t decode_attention_workspace_bytes(uint32_t batch, uint32_t heads,
                                                         uint32_t kv_heads, uint32_t max_splits);
 /// CTAs of the decode kernel that fit on one SM at once (registers and shared memory, sm_90).

@@ -903,6 +903,7 @@ void cuda_engine::forward(const pass& ps, void* stream) {
       ap.split_min_keys = 64;
       ap.variant = attention_variant_;
       ap.workspace = b.attn_ws.ptr;
+      ap.workspace_batch = params_.max_batch;  // one workspace for every bucket
       kcheck(k::decode_attention(ap, s));
     } else {
       k::prefill_attention_params ap;

@@ -520,6 +520,72 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("one decode_attention workspace serves every batch up to the one it was sized for") {
+  // Batches of 4, 16, 8 and 16 again through one workspace sized for 16, split-K on: the split
+  // counters of rows 8..15 must not sit where the 4-row launch wrote its partial results.
+  DUET_REQUIRE_GPU();
+  std::mt19937 rng(11);
+  const uint32_t heads = 32, kv_heads = 8, block_tokens = 16, capacity = 16, max_splits = 16;
+  std::vector<int> lens(capacity);
+  for (auto& l : lens) l = 300 + static_cast<int>(rng() % 700);
+  paged_setup ps = make_pool(rng, kv_heads, block_tokens, lens);
+  const uint32_t q_stride = heads * 128;
+  const auto q = random_bf16(uint64_t{capacity} * q_stride, rng, 1.0f);
+  std::vector<int32_t> lens32(lens.begin(), lens.end());
+  dbuf<uint16_t> dq(q), dpool(ps.pool), dout(uint64_t{capacity} * heads * 128);
+  dbuf<int32_t> dtable(ps.table), dat(ps.table_at), dlens(lens32);
+  dbuf<char> ws(decode_attention_workspace_bytes(capacity, heads, kv_heads, max_splits));
+  check(cudaMemset(ws.get(), 0, ws.size()), "memset");
+  decode_attention_params p;
+  p.q_stride = q_stride;
+  p.out_stride = heads * 128;
+  p.kv = ps.kv;
+  p.layer = 1;
+  p.heads = heads;
+  p.kv_heads = kv_heads;
+  p.scale = 1.0f / std::sqrt(128.0f);
+  p.max_splits = max_splits;
+  p.split_min_keys = 64;
+  p.workspace_batch = capacity;
+  for (const uint32_t batch : {4u, 16u, 8u, 16u}) {
+    decode_attention_params g = p;
+    g.batch = batch;
+    g.q = dq.get();
+    g.out = dout.get();
+    g.kv.pool = dpool.get();
+    g.block_table = dtable.get();
+    g.seq_table = dat.get();
+    g.seq_lens = dlens.get();
+    g.workspace = ws.get();
+    dout.poison();
+    ok(decode_attention(g, nullptr));
+    std::vector<uint16_t> ref(uint64_t{batch} * heads * 128);
+    decode_attention_params r = p;
+    r.batch = batch;
+    r.q = q.data();
+    r.out = ref.data();
+    r.kv.pool = ps.pool.data();
+    r.block_table = ps.table.data();
+    r.seq_table = ps.table_at.data();
+    r.seq_lens = lens32.data();
+    decode_attention_reference(r);
+    auto got = dout.download();
+    got.resize(ref.size());
+    INFO("batch " << batch);
+    expect(compare_bf16(got, ref), 1e-2, "decode attention");
+  }
+  decode_attention_params over = p;
+  over.batch = capacity + 1;
+  over.q = dq.get();
+  over.out = dout.get();
+  over.kv.pool = dpool.get();
+  over.block_table = dtable.get();
+  over.seq_table = dat.get();
+  over.seq_lens = dlens.get();
+  over.workspace = ws.get();
+  CHECK_FALSE(decode_attention(over, nullptr).ok());  // past the workspace: refused, not launched
+}
+
 TEST_CASE(
     "decode_attention reads the newest key as the RoPE kernel just before it on the stream appends "
     "it") {
