@@ -3,6 +3,7 @@
 // (docs/benchmarks.md, "Engine benchmark"), whatever runs the math (cpu or cuda).
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,9 @@ struct engine_bench_options {
   uint32_t warmup = 3;                         // untimed decode steps first (graphs, plans)
   uint32_t prefill_repeats = 3;                // timed prefills per length (after one untimed)
   uint64_t seed = 1;                           // prompt token ids
+  /// Two sequences with the same tokens may pick different ones where both sequences' top-2
+  /// log-probability margin is at most this (nats): rounding noise, not a fault.
+  double tie_margin = 0.05;
 };
 
 /// One measured row: wall-clock milliseconds of each engine call.
@@ -29,10 +33,35 @@ struct engine_bench_row {
   uint32_t tokens = 0;    // prefill: prompt tokens; decode: context tokens per sequence
   double ms_median = 0, ms_p10 = 0, ms_p90 = 0;
   double tokens_per_s = 0;  // prefill: prompt tokens / median; decode: batch / median
-  /// Decode rows: every sequence of the batch has the same context, so greedy decoding must give
-  /// each the same tokens; false means the engine or the block copies disagree.
+  /// Decode rows: every sequence of the batch starts from the same KV and tokens, so greedy
+  /// decoding must give each the same tokens, except where rounding that differs between rows of
+  /// one batch (GEMM tiles) swaps two near-tied candidates: judged on an untimed checking pass
+  /// that asks for the top-2 log-probabilities (docs/benchmarks.md, "Engine benchmark"). False
+  /// means the engine or the block copies disagree; `disagreement` says where.
   bool sequences_agree = true;
+  std::string disagreement;
+  /// Sequences that left sequence 0's tokens on a near-tie swap, and the first step (counting
+  /// warm-up steps) where one did (-1: none).
+  uint32_t near_tie_divergences = 0;
+  int first_divergence_step = -1;
+  /// Largest |difference| of the chosen token's log-probability between sequence 0 and a
+  /// sequence with the same tokens so far (rounding between rows; -1 when the engine gives no
+  /// log-probabilities), and the largest top-2 margin of a near-tie swap.
+  double logprob_spread = -1;
+  double swap_margin = 0;
 };
+
+/// A batch of sequences decoded greedily from the same KV and tokens: each step's tokens and, where
+/// the engine gives them, their top-2 log-probabilities ([step][sequence]; an empty step: none).
+struct decode_check {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<std::optional<msg::token_logprobs>>> logprobs;
+};
+
+/// Sets row's agreement fields from `c`: every sequence keeps sequence 0's tokens until a near-tie
+/// swap (both sequences' top two swapped, each margin within `tie_margin`) takes it off them; it is
+/// not compared after that, since its inputs differ.
+void judge_decode_agreement(const decode_check& c, double tie_margin, engine_bench_row& row);
 
 /// KV blocks an engine needs for every row of `o` (the largest row, plus one spare sequence).
 [[nodiscard]] uint32_t engine_bench_blocks(const engine_bench_options& o, uint32_t block_tokens);

@@ -461,8 +461,15 @@ int run_bench_engine(const sim_commands::state& s) {
   nlohmann::json out = nlohmann::json::array();
   bool agree = true;
   for (const auto& r : rows) {
+    std::string flag;
+    if (!r.sequences_agree) {
+      flag = "  (sequences disagree: " + r.disagreement + ")";
+    } else if (r.near_tie_divergences > 0) {
+      flag = "  (" + std::to_string(r.near_tie_divergences) + " of " + std::to_string(r.batch) +
+             " left sequence 0's tokens on near-ties from step " + std::to_string(r.first_divergence_step) + ")";
+    }
     std::printf("%-8s %6u %8u %12.3f %10.3f - %9.3f %14.1f%s\n", r.kind.c_str(), r.batch, r.tokens, r.ms_median,
-                r.ms_p10, r.ms_p90, r.tokens_per_s, r.sequences_agree ? "" : "  (sequences disagree)");
+                r.ms_p10, r.ms_p90, r.tokens_per_s, flag.c_str());
     agree = agree && r.sequences_agree;
     out.push_back(to_json(r));
   }
@@ -862,6 +869,9 @@ sim_commands::sim_commands(CLI::App& app) : state_(std::make_unique<state>()) {
   eb->add_option("--warmup", s.rows.warmup, "untimed decode steps first");
   eb->add_option("--repeats", s.rows.prefill_repeats, "timed prefills per length")->check(CLI::Range(1u, 1000u));
   eb->add_option("--seed", s.rows.seed, "prompt token ids");
+  eb->add_option("--tie-margin", s.rows.tie_margin,
+                 "nats: identical sequences may swap two candidates whose top-2 margin is within this")
+      ->check(CLI::Range(0.0, 10.0));
   eb->add_option("--json", s.json_out, "write the rows as JSON here");
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "runtime/engine.hpp"
+#include "runtime/engine_bench.hpp"
 #include "runtime/hf_model.hpp"
 #include "runtime/http_api.hpp"
 #include "runtime/http_frontend.hpp"
@@ -520,6 +521,70 @@ TEST_CASE("a command that does not serve ends at SIGTERM: bench serve waiting fo
   CHECK(took < 4.0);
 }
 
+namespace {
+
+duet::msg::token_logprobs top_two(int32_t first, float lp_first, int32_t second, float lp_second) {
+  duet::msg::token_logprobs lp;
+  lp.logprob = lp_first;
+  lp.top_ids = {first, second};
+  lp.top_logprobs = {lp_first, lp_second};
+  return lp;
+}
+
+}  // namespace
+
+TEST_CASE("bench engine's agreement rule: identical sequences may part only on a near-tie swap") {
+  using duet::decode_check;
+  using duet::engine_bench_row;
+  SUBCASE("the same tokens agree; the spread is the largest logprob difference") {
+    decode_check c;
+    c.tokens = {{5, 5, 5}, {7, 7, 7}};
+    c.logprobs = {{top_two(5, -1.0f, 9, -2.0f), top_two(5, -1.25f, 9, -2.0f), top_two(5, -1.0f, 9, -2.0f)},
+                  {top_two(7, -0.5f, 8, -3.0f), top_two(7, -0.5f, 8, -3.0f), top_two(7, -0.5f, 8, -3.0f)}};
+    engine_bench_row row;
+    duet::judge_decode_agreement(c, 0.05, row);
+    CHECK(row.sequences_agree);
+    CHECK(row.near_tie_divergences == 0);
+    CHECK(row.first_divergence_step == -1);
+    CHECK(row.logprob_spread == doctest::Approx(0.25));
+  }
+  SUBCASE("a swap of a near tie parts a sequence, which is not compared afterwards") {
+    decode_check c;
+    c.tokens = {{5, 5, 9}, {7, 7, 3}};
+    c.logprobs = {{top_two(5, -1.0f, 9, -1.01f), top_two(5, -1.0f, 9, -1.01f), top_two(9, -1.0f, 5, -1.02f)},
+                  {top_two(7, -0.5f, 8, -3.0f), top_two(7, -0.5f, 8, -3.0f), top_two(3, -0.1f, 8, -3.0f)}};
+    engine_bench_row row;
+    duet::judge_decode_agreement(c, 0.05, row);
+    CHECK(row.sequences_agree);
+    CHECK(row.near_tie_divergences == 1);
+    CHECK(row.first_divergence_step == 0);
+    CHECK(row.swap_margin == doctest::Approx(0.02));
+    // Under a tighter margin the same swap is a fault.
+    engine_bench_row strict;
+    duet::judge_decode_agreement(c, 0.015, strict);
+    CHECK_FALSE(strict.sequences_agree);
+    CHECK(strict.disagreement.find("step 0: sequence 2") != std::string::npos);
+  }
+  SUBCASE("a different token beyond the margin, outside the top two, or without logprobs disagrees") {
+    engine_bench_row wide, outside, blind;
+    decode_check c;
+    c.tokens = {{5, 5}, {7, 4}};
+    c.logprobs = {{top_two(5, -1.0f, 9, -2.0f), top_two(5, -1.0f, 9, -2.0f)},
+                  {top_two(7, -0.5f, 4, -0.9f), top_two(4, -0.5f, 7, -0.9f)}};
+    duet::judge_decode_agreement(c, 0.05, wide);
+    CHECK_FALSE(wide.sequences_agree);
+    CHECK(wide.disagreement.find("step 1: sequence 1 chose token 4, sequence 0 token 7") != std::string::npos);
+    c.logprobs[1] = {top_two(7, -0.5f, 4, -0.51f), top_two(4, -0.5f, 6, -0.51f)};
+    duet::judge_decode_agreement(c, 0.05, outside);
+    CHECK_FALSE(outside.sequences_agree);
+    c.logprobs.clear();
+    duet::judge_decode_agreement(c, 0.05, blind);
+    CHECK_FALSE(blind.sequences_agree);
+    CHECK(blind.disagreement.find("no log-probabilities") != std::string::npos);
+    CHECK(blind.logprob_spread == -1);
+  }
+}
+
 TEST_CASE("duet bench engine times prefill and decode rows on the cpu engine and refuses bad rows") {
   temp_dir dir;
   const fs::path model = dir.path / "tiny";
@@ -553,7 +618,12 @@ TEST_CASE("duet bench engine times prefill and decode rows on the cpu engine and
     const double work = want[i].first == "prefill" ? want[i].second : batches[i];
     CHECK(row["tokens_per_s"].get<double>() == doctest::Approx(work / ms * 1e3).epsilon(1e-9));
     // The batch's sequences share one context (copied blocks): greedy decoding agrees.
-    if (want[i].first == "decode") CHECK(row["sequences_agree"] == true);
+    if (want[i].first == "decode") {
+      CHECK(row["sequences_agree"] == true);
+      CHECK(row["near_tie_divergences"] == 0);
+      // The cpu engine computes each row of a batch alike: identical sequences, identical numbers.
+      if (batches[i] > 1) CHECK(row["logprob_spread"] == 0.0);
+    }
   }
   // Bad rows and engines are refused with a reason, exit 2.
   const auto zero = run_duet({"bench", "engine", "--model", model.string(), "--prefill", "8", "--batch", "0"});
