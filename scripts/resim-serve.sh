@@ -101,4 +101,24 @@ for live_file, sim_file in runs():
         a = hops.get(key, -1.0)
         cells.append(f"{a:.1f} / {sim[key]:.1f} ({(sim[key] / a - 1) * 100:+.0f}%)" if a > 0 else f"- / {sim[key]:.1f}")
     print(f"| {live_file.stem} | " + " | ".join(cells) + " |")
+# Runs with a deployment but no live figures yet: the prediction alone, to be written down before
+# the run (e.g. docs/data/h200-serve-2026-12-04/predictions.md).
+pending = [d for d in sorted(out.iterdir()) if (d / "summary.json").exists() and not (data / f"{d.name}.json").exists()]
+if pending:
+    print()
+    print("| run | TTFT P50 / P99 ms" + (" (P99 range)" if banded else "") + " | ITL P50 / P99 ms | P99/P50 ITL | TPOT P99 ms "
+          "| goodput req/s | prefill step ms (tokens) | decode step ms (batch) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+for d in pending:
+    doc = json.loads((d / "summary.json").read_text())
+    s, c = doc["runs"][0]["summary"], doc["simulation"]["runs"][0]["counters"]
+    ms = lambda key, q: s[key][q] * 1e3
+    per = lambda num, den: c.get(num, 0) / max(c.get(den, 0), 1)
+    speed = doc["simulation"]["runs"][0].get("speed_band")
+    rng = (f' ({speed["faster"]["ttft_p99_s"] * 1e3:.0f}–{speed["slower"]["ttft_p99_s"] * 1e3:.0f})' if speed else "")
+    print(f'| {d.name} | {ms("ttft_s", "p50"):.0f} / {ms("ttft_s", "p99"):.0f}{rng} | {ms("itl_s", "p50"):.1f} / '
+          f'{ms("itl_s", "p99"):.1f} | {ms("itl_s", "p99") / ms("itl_s", "p50"):.2f} | {ms("tpot_s", "p99"):.1f} | '
+          f'{s["goodput_rps"]:.2f} | {per("prefill.hop_step_us", "prefill.hop_step_count") / 1e3:.1f} '
+          f'({per("prefill.tokens", "prefill.hop_step_count"):.0f}) | '
+          f'{per("decode.hop_step_us", "decode.hop_step_count") / 1e3:.1f} ({per("decode.batched_sequences", "decode.steps"):.1f}) |')
 PY
