@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# `duet bench engine` with the CUDA engine on the GPU machine (docs/benchmarks.md, "Engine
+# benchmark"): prefill throughput at 2K, 8K and 32K tokens and decode step time at context 1K
+# (batch 1 to 256) and 8K (batch 1 to 64: 128 x 8K of KV does not fit beside the weights), on an
+# R1-Distill-Llama-8B-shaped random checkpoint. Every row's sequences are checked to agree first
+# (an untimed greedy pass with logprobs). Writes $OUT/bench-engine-ctx1k.json, -ctx8k.json and
+# bench-engine.log. Needs .devdeps/ (scripts/gpu-env.sh). Device call:
+#   carry [".devdeps"], timeout_s 600; about 4 minutes with the build.
+set -u
+export OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/bench-engine.log") 2>&1
+source scripts/gpu-env.sh
+BUILD=${GPU_BUILD:-build-gpu}
+CKPT=$PWD/$BUILD/r1-distill-llama-8b-random
+STEPS=${BENCH_ENGINE_STEPS:-64}
+
+if [ ! -x "$BUILD/duet" ]; then
+  echo "=== build ($(date +%T))"
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDUET_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+  cmake --build "$BUILD" -j"$(nproc)" --target duet >"$OUT/build.log" 2>&1 ||
+    { grep -B2 -A8 -E 'error|FAILED' "$OUT/build.log" | head -80; exit 1; }
+  echo "--- built in ${SECONDS}s"
+fi
+if [ ! -f "$CKPT/config.json" ]; then
+  echo "=== checkpoint ($(date +%T))"
+  "$BUILD/duet" model random --preset r1-distill-llama-8b --out "$CKPT" >/dev/null || exit 1
+fi
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv
+
+echo "=== context 1K ($(date +%T))"
+"$BUILD/duet" bench engine --engine cuda --model "$CKPT" --prefill 2048,8192,32768 \
+  --batch 1,8,64,128,256 --context 1024 --steps "$STEPS" --json "$OUT/bench-engine-ctx1k.json"
+echo "=== context 8K ($(date +%T))"
+"$BUILD/duet" bench engine --engine cuda --model "$CKPT" --prefill 2048 \
+  --batch 1,8,64 --context 8192 --steps "$STEPS" --json "$OUT/bench-engine-ctx8k.json"
+echo "=== done ($(date +%T))"
