@@ -60,6 +60,11 @@ struct gpu_calibration {
   efficiency_curve split_compute;  // x: SM share (< 1); fraction of the share's peak FLOP/s that a
                                    // prefill step on it reaches, relative to the whole GPU's
                                    // gemm / attention fractions (empty: 1)
+  // Engines on the two shares of one split GPU (event_sim): a decode step runs this many times
+  // as long while the other share's prefill step is in flight, for the part of it they overlap
+  // (the SMs are split, the HBM and L2 are not). split_bandwidth and split_kv_bandwidth are
+  // then the rates with prefill idle. Unset: 1, the shares do not interact.
+  std::optional<double> split_decode_slowdown;
   std::optional<double> step_overhead_s;
   std::optional<double> decode_sequence_overhead_s;  // host work per sequence per decode step
   // Engines of one GPU on streams of their own (event_sim): a step starting while the other

@@ -876,7 +876,10 @@ class event_sim {
       tl.step_start = now_;
       const auto work_ns = static_cast<int64_t>(static_cast<double>(u.engine->last_modeled()) * stretch);
       tl.step_end = now_ + work_ns + delay_ns;
-      if (u.prefill) tl.step_end += overlap_decode_in_flight(u, tl);
+      if (u.prefill) {
+        tl.step_end += overlap_decode_in_flight(u, tl);
+        slow_split_decode_in_flight(tl);
+      }
       push({tl.step_end, event_kind::step_done, false, t, ++tl.generation});
       // The prefill in flight loses SM time to the decode step's work, not to its wait.
       if (u.decode) {
@@ -906,7 +909,8 @@ class event_sim {
   /// of its GPU is busy on its own stream right now: a factor and an added delay in ns (1 and 0
   /// when alone, or on a timeline of its own SMs).
   std::pair<double, int64_t> contention(const unit& u, const timeline& tl, int64_t work_ns) const {
-    if (!u.spec.own_stream || u.spec.sm_share < 1) return {1.0, 0};
+    if (u.spec.sm_share < 1) return {split_contention(u, tl, work_ns), 0};
+    if (!u.spec.own_stream) return {1.0, 0};
     for (const auto& other : timelines_) {
       if (&other == &tl || other.gpu != tl.gpu || !other.busy) continue;
       const auto& cal = specs_[tl.gpu].calibration;
@@ -931,6 +935,45 @@ class event_sim {
       return {stretch, static_cast<int64_t>(delay)};
     }
     return {1.0, 0};
+  }
+
+  /// A decode step on an SM share starting while the other share's prefill step runs (with
+  /// split_decode_slowdown s): its work runs s times as long until that step ends, then at
+  /// its own pace. Returns the factor on the step's modelled work (1 for a prefill step).
+  [[nodiscard]] double split_contention(const unit& u, const timeline& tl, int64_t work_ns) const {
+    const double s = specs_[tl.gpu].calibration.split_decode_slowdown.value_or(1.0);
+    if (!u.decode || s <= 1.0 || work_ns <= 0) return 1.0;
+    for (const auto& other : timelines_) {
+      if (&other == &tl || other.gpu != tl.gpu || !other.busy || !units_[other.running]->prefill)
+        continue;
+      const double left = static_cast<double>(std::max<int64_t>(other.step_end - now_, 0));
+      return slowed_duration(static_cast<double>(work_ns), left, s) / static_cast<double>(work_ns);
+    }
+    return 1.0;
+  }
+
+  /// The time `work` takes when it runs s times slower for the first `slow_for` of it.
+  [[nodiscard]] static double slowed_duration(double work, double slow_for, double s) {
+    return slow_for >= work * s ? work * s : slow_for + (work - slow_for / s);
+  }
+
+  /// A prefill step starting on an SM share (timeline `tl`) while the other share's decode step
+  /// runs: the rest of that decode step runs split_decode_slowdown times slower while both are
+  /// in flight (split_contention, seen from the decode step's side).
+  void slow_split_decode_in_flight(const timeline& tl) {
+    const double s = specs_[tl.gpu].calibration.split_decode_slowdown.value_or(1.0);
+    if (s <= 1.0 || !tl.busy || units_[tl.running]->spec.sm_share >= 1) return;
+    const double prefill_left = static_cast<double>(tl.step_end - now_);
+    for (uint32_t t = 0; t < timelines_.size(); ++t) {
+      timeline& other = timelines_[t];
+      if (&other == &tl || other.gpu != tl.gpu || !other.busy) continue;
+      const unit& decode = *units_[other.running];
+      if (!decode.decode || decode.spec.sm_share >= 1) continue;
+      const int64_t left = other.step_end - now_;
+      if (left <= 0) continue;
+      other.step_end = now_ + static_cast<int64_t>(slowed_duration(static_cast<double>(left), prefill_left, s));
+      push({other.step_end, event_kind::step_done, false, t, ++other.generation});
+    }
   }
 
   /// A prefill step `u` starting while a decode step of its GPU runs on another stream (with

@@ -392,6 +392,13 @@ TEST_CASE(
   CHECK(contains(error_of<gpu_catalog_error>(
                      [&] { (void)load_gpu_calibration(dir / "prefill_start_text.toml"); }),
                  "concurrent_overlap_on_prefill_start"));
+  CHECK_FALSE(contention.split_decode_slowdown.has_value());
+  std::ofstream(dir / "split_slowdown.toml") << "split_decode_slowdown = 1.25\n";
+  CHECK(load_gpu_calibration(dir / "split_slowdown.toml").split_decode_slowdown == Approx(1.25));
+  std::ofstream(dir / "split_speedup.toml") << "split_decode_slowdown = 0.8\n";
+  CHECK(contains(error_of<gpu_catalog_error>(
+                     [&] { (void)load_gpu_calibration(dir / "split_speedup.toml"); }),
+                 "a slowdown is at least 1"));
   CHECK(contention.concurrent_decode_delay_s == Approx(0.014));
   CHECK(contention.concurrent_prefill_slowdown == Approx(1.2));
   CHECK(contention.concurrent_prefill_yield == Approx(0.6));
@@ -814,6 +821,58 @@ TEST_CASE(
   // the decode steps' later ends (the broker's ack), while with one the prefill loses time too.
   CHECK(after_y.ttft_s.p50 > before_y.ttft_s.p50);
   CHECK(after_y.ttft_s.p50 - before_y.ttft_s.p50 > after.ttft_s.p50 - before.ttft_s.p50);
+}
+
+TEST_CASE(
+    "on a split GPU a decode step runs split_decode_slowdown times as long while the other "
+    "share's prefill step is in flight, and only then") {
+  auto config = one_gpu_own_streams();
+  for (auto& a : config.nodes[0].actors) {
+    if (a.role == actor_role::prefill) a.sm_share = 0.6;
+    if (a.role == actor_role::decode) a.sm_share = 0.4;
+  }
+  const auto split = deployment_from_config(config);
+  REQUIRE(split.workers.size() == 2);
+  for (const auto& w : split.workers) CHECK(w.sm_share < 1.0);
+  // Prompts of 4,000 tokens (two chunks) twice a second: a request decodes beside the
+  // next ones' prefill steps for part of its life and alone for the rest.
+  const auto trace =
+      load_trace_spec("synthetic:poisson:rate=2,duration=40,in=4000,out=200,seed=15");
+  const auto alone = run_simulation(config, split, trace);
+  sim_options contended;
+  contended.calibrations[split.gpus[0].type].split_decode_slowdown = 1.5;
+  const auto slowed = run_simulation(config, split, trace, contended);
+  const auto a = summarize(alone.records), b = summarize(slowed.records);
+  REQUIRE(a.completed == trace.size());
+  REQUIRE(b.completed == trace.size());
+  // The share of gaps over 1.3 times the typical one alone: steps that ran beside a chunk.
+  const auto share_over = [](const sim_result& r, double limit) {
+    size_t over = 0, all = 0;
+    for (const auto& rec : r.records) {
+      for (double gap : rec.itl_s) over += gap > limit, ++all;
+    }
+    return double(over) / double(std::max<size_t>(all, 1));
+  };
+  const double typical = a.itl_s.p50;
+  MESSAGE("ITL P50 / P90 / max ms: shares apart " << a.itl_s.p50 * 1e3 << " / " << a.itl_s.p90 * 1e3
+          << " / " << a.itl_s.max * 1e3 << ", slowed beside prefill " << b.itl_s.p50 * 1e3 << " / "
+          << b.itl_s.p90 * 1e3 << " / " << b.itl_s.max * 1e3 << "; gaps over 1.3x P50 "
+          << share_over(alone, 1.3 * typical) << " -> " << share_over(slowed, 1.3 * typical));
+  // Prefill's share is untouched: the first tokens come as before.
+  CHECK(b.ttft_s.p50 * 1e3 == Approx(a.ttft_s.p50 * 1e3).epsilon(1e-6));
+  CHECK(b.ttft_s.p99 * 1e3 == Approx(a.ttft_s.p99 * 1e3).epsilon(1e-6));
+  // Steps inside a chunk take 1.5 times as long, others as long as before...
+  CHECK(share_over(slowed, 1.3 * typical) > share_over(alone, 1.3 * typical) + 0.05);
+  CHECK(b.itl_s.mean > 1.03 * a.itl_s.mean);
+  CHECK(b.itl_s.min * 1e3 == Approx(a.itl_s.min * 1e3).epsilon(0.02));
+  // ...and none much more than 1.5 times the longest alone (slower steps batch a little more).
+  CHECK(b.itl_s.max > 1.3 * a.itl_s.max);
+  CHECK(b.itl_s.max < 1.6 * a.itl_s.max);
+  // Without the key the two shares do not interact: the same run as with none.
+  sim_options unit_slowdown;
+  unit_slowdown.calibrations[split.gpus[0].type].split_decode_slowdown = 1.0;
+  const auto same = summarize(run_simulation(config, split, trace, unit_slowdown).records);
+  CHECK(same.itl_s.mean == Approx(a.itl_s.mean).epsilon(1e-9));
 }
 
 TEST_CASE(
