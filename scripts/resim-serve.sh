@@ -11,7 +11,9 @@
 # -03c (out of sample: decode batch caps 128 and 256 on one machine) with ...-2026-12-03.toml;
 # -03d to -03g (prefill chunks of 512 to 2,048 tokens, code x1, conversation x4.5 and x5) with
 # ...-2026-12-03b.toml (PD-streams contention by prefill step size), -03c.toml or -03i.toml (the
-# newest: a prefill step starting during a decode step delays it too).
+# newest for PD streams: a prefill step starting during a decode step delays it too); -03j,
+# -04, -04b and -04c (PD with the SMs split on today's engine) with ...-2026-12-04b.toml (the
+# newest: a decode step on a share slowed while the other share runs prefill) or -04.toml.
 set -eu
 cd "$(dirname "$0")/.."
 CAL=${1:-config/calibration-duet/h200-cuda-engine.toml}
