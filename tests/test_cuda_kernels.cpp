@@ -547,7 +547,7 @@ TEST_CASE("one decode_attention workspace serves every batch up to the one it wa
   p.max_splits = max_splits;
   p.split_min_keys = 64;
   p.workspace_batch = capacity;
-  for (const uint32_t batch : {4u, 16u, 8u, 16u}) {
+  const auto on_device = [&](uint32_t batch) {
     decode_attention_params g = p;
     g.batch = batch;
     g.q = dq.get();
@@ -557,8 +557,11 @@ TEST_CASE("one decode_attention workspace serves every batch up to the one it wa
     g.seq_table = dat.get();
     g.seq_lens = dlens.get();
     g.workspace = ws.get();
+    return g;
+  };
+  for (const uint32_t batch : {4u, 16u, 8u, 16u}) {
     dout.poison();
-    ok(decode_attention(g, nullptr));
+    ok(decode_attention(on_device(batch), nullptr));
     std::vector<uint16_t> ref(uint64_t{batch} * heads * 128);
     decode_attention_params r = p;
     r.batch = batch;
@@ -574,16 +577,8 @@ TEST_CASE("one decode_attention workspace serves every batch up to the one it wa
     INFO("batch " << batch);
     expect(compare_bf16(got, ref), 1e-2, "decode attention");
   }
-  decode_attention_params over = p;
-  over.batch = capacity + 1;
-  over.q = dq.get();
-  over.out = dout.get();
-  over.kv.pool = dpool.get();
-  over.block_table = dtable.get();
-  over.seq_table = dat.get();
-  over.seq_lens = dlens.get();
-  over.workspace = ws.get();
-  CHECK_FALSE(decode_attention(over, nullptr).ok());  // past the workspace: refused, not launched
+  // Past the workspace: refused, not launched.
+  CHECK_FALSE(decode_attention(on_device(capacity + 1), nullptr).ok());
 }
 
 TEST_CASE(
