@@ -943,13 +943,19 @@ class event_sim {
   [[nodiscard]] double split_contention(const unit& u, const timeline& tl, int64_t work_ns) const {
     const double s = specs_[tl.gpu].calibration.split_decode_slowdown.value_or(1.0);
     if (!u.decode || s <= 1.0 || work_ns <= 0) return 1.0;
+    const double left = static_cast<double>(std::max<int64_t>(prefill_busy_until(tl) - now_, 0));
+    return slowed_duration(static_cast<double>(work_ns), left, s) / static_cast<double>(work_ns);
+  }
+
+  /// When the last prefill step in flight on `tl`'s GPU, other than `tl`'s own, ends (now_ when
+  /// none is).
+  [[nodiscard]] int64_t prefill_busy_until(const timeline& tl) const {
+    int64_t until = now_;
     for (const auto& other : timelines_) {
-      if (&other == &tl || other.gpu != tl.gpu || !other.busy || !units_[other.running]->prefill)
-        continue;
-      const double left = static_cast<double>(std::max<int64_t>(other.step_end - now_, 0));
-      return slowed_duration(static_cast<double>(work_ns), left, s) / static_cast<double>(work_ns);
+      if (&other != &tl && other.gpu == tl.gpu && other.busy && units_[other.running]->prefill)
+        until = std::max(until, other.step_end);
     }
-    return 1.0;
+    return until;
   }
 
   /// The time `work` takes when it runs s times slower for the first `slow_for` of it.
@@ -963,15 +969,19 @@ class event_sim {
   void slow_split_decode_in_flight(const timeline& tl) {
     const double s = specs_[tl.gpu].calibration.split_decode_slowdown.value_or(1.0);
     if (s <= 1.0 || !tl.busy || units_[tl.running]->spec.sm_share >= 1) return;
-    const double prefill_left = static_cast<double>(tl.step_end - now_);
+    // Another prefill share's step in flight already slows the decode step until it ends;
+    // this one slows what is left after that.
+    const int64_t slow_from = prefill_busy_until(tl);
+    if (tl.step_end <= slow_from) return;
     for (uint32_t t = 0; t < timelines_.size(); ++t) {
       timeline& other = timelines_[t];
       if (&other == &tl || other.gpu != tl.gpu || !other.busy) continue;
       const unit& decode = *units_[other.running];
       if (!decode.decode || decode.spec.sm_share >= 1) continue;
-      const int64_t left = other.step_end - now_;
+      const int64_t left = other.step_end - slow_from;
       if (left <= 0) continue;
-      other.step_end = now_ + static_cast<int64_t>(slowed_duration(static_cast<double>(left), prefill_left, s));
+      other.step_end = slow_from + static_cast<int64_t>(slowed_duration(
+                                       static_cast<double>(left), static_cast<double>(tl.step_end - slow_from), s));
       push({other.step_end, event_kind::step_done, false, t, ++other.generation});
     }
   }
