@@ -18,6 +18,8 @@
 #include "runtime/engine_bench.hpp"
 #include "runtime/gpu_catalog.hpp"
 #include "runtime/hop_stats.hpp"
+#include "runtime/decode_buckets.hpp"
+#include "runtime/sim_engine.hpp"
 #include "runtime/http_frontend.hpp"
 #include "sim/deployment_spec.hpp"
 #include "sim/event_sim.hpp"
@@ -96,6 +98,8 @@ struct sim_commands::state {
   std::string engine_kind = "cpu", dtype = "bf16", json_out;
   uint32_t threads = 0, chunk_tokens = 2048;
   int device = 0;
+  double sm_share = 1.0;
+  std::vector<std::string> prefill_mixes;
   engine_bench_options rows;
 };
 
@@ -416,11 +420,38 @@ serve_target resolve_target(const sim_commands::state& s, const deployment_confi
   return t;
 }
 
+/// The GPU `duet bench engine --engine sim` prices: --gpu, else the one its calibration file names.
+std::string priced_gpu(const sim_commands::state& s) {
+  std::string named;
+  if (!s.calibration.empty()) named = toml::parse_file(s.calibration)["gpu"].value<std::string>().value_or("");
+  if (!s.gpu.empty() && !named.empty() && named != s.gpu)
+    throw std::invalid_argument("--gpu " + s.gpu + " but " + s.calibration + " calibrates " + named);
+  const std::string gpu = s.gpu.empty() ? named : s.gpu;
+  if (gpu.empty()) throw std::invalid_argument("--engine sim needs --gpu or a --calibration file naming its gpu");
+  return gpu;
+}
+
+/// `duet bench engine --engine sim`: the simulator's cost model prices the rows (the sim engine's
+/// modelled step times), for the model preset of --model on the GPU of --gpu or of the
+/// calibration file, with that file's curves.
+std::unique_ptr<engine> bench_sim_engine(const sim_commands::state& s, uint32_t max_context, uint32_t max_batch) {
+  const auto shape = find_model_shape(s.model);
+  if (!shape) {
+    throw std::invalid_argument("--engine sim prices a model preset, not '" + s.model +
+                                "' (r1-distill-llama-8b, r1-distill-qwen-1.5b, r1-distill-qwen-7b, smollm2-135m, tiny)");
+  }
+  const std::string gpu = priced_gpu(s);
+  auto spec = find_gpu_spec(gpu);
+  if (!spec) throw std::invalid_argument("unknown GPU '" + gpu + "'");
+  if (!s.calibration.empty()) spec->calibration = load_gpu_calibration(s.calibration);
+  auto e = std::make_unique<sim_engine>(*shape, *spec, shape->name, max_context, deployment_config{}.model.block_tokens,
+                                        s.sm_share, 1.0);
+  e->set_decode_graph_buckets(decode_graph_buckets(max_batch, decode_bucket_step_from_env()));
+  return e;
+}
+
 /// The engine `duet bench engine` measures: the model at --model on one actor sized for every row.
 std::unique_ptr<engine> bench_engine_for(const sim_commands::state& s) {
-  if (s.engine_kind == "sim") {
-    throw std::invalid_argument("the sim engine computes nothing to time; `duet sim` models it");
-  }
   deployment_config config;
   config.source = "duet bench engine";
   config.model.path = s.model;
@@ -428,8 +459,14 @@ std::unique_ptr<engine> bench_engine_for(const sim_commands::state& s) {
   config.model.dtype = s.dtype;
   uint32_t longest = 0;
   for (uint32_t t : s.rows.prefill_tokens) longest = std::max(longest, t);
+  for (const auto& mix : s.rows.prefill_mixes) {
+    for (const auto& p : mix.parts) longest = std::max(longest, p.prior + p.tokens);
+  }
   for (uint32_t c : s.rows.contexts) longest = std::max(longest, c + s.rows.warmup + s.rows.steps + 1);
   config.model.max_context = std::max<uint32_t>(longest, 16);
+  uint32_t max_batch = 1;
+  for (uint32_t b : s.rows.batches) max_batch = std::max(max_batch, b);
+  if (s.engine_kind == "sim") return bench_sim_engine(s, config.model.max_context, max_batch);
   config.engine.kind = s.engine_kind;
   config.engine.threads = s.threads;
   actor_config actor;
@@ -437,17 +474,33 @@ std::unique_ptr<engine> bench_engine_for(const sim_commands::state& s) {
   actor.role = actor_role::decode;
   actor.device = s.device;
   actor.kv_blocks = engine_bench_blocks(s.rows, config.model.block_tokens);
-  actor.max_batch = 1;
-  for (uint32_t b : s.rows.batches) actor.max_batch = std::max(actor.max_batch, b);
+  actor.max_batch = max_batch;
   actor.chunk_tokens = s.chunk_tokens;
+  actor.sm_share = s.sm_share;
   return make_engine(config, actor);
 }
 
-int run_bench_engine(const sim_commands::state& s) {
-  if (s.rows.prefill_tokens.empty() && (s.rows.batches.empty() || s.rows.contexts.empty())) {
+/// With --prefill-mix, the rows' defaults step aside: only the rows given run.
+void apply_prefill_mixes(sim_commands::state& s) {
+  for (const auto& text : s.prefill_mixes) s.rows.prefill_mixes.push_back(parse_prefill_mix(text));
+  if (s.prefill_mixes.empty()) return;
+  if (s.engine_bench->count("--prefill") == 0) s.rows.prefill_tokens.clear();
+  if (s.engine_bench->count("--batch") == 0 && s.engine_bench->count("--context") == 0) s.rows.batches.clear();
+}
+
+int run_bench_engine(sim_commands::state& s) {
+  apply_prefill_mixes(s);
+  if (s.sm_share < 1.0 && s.engine_kind == "cpu") {
+    throw std::invalid_argument("--sm-share needs --engine cuda (a green context holding that share of the SMs) or sim");
+  }
+  const bool modelled = s.engine_kind == "sim";
+  if (!modelled && (!s.gpu.empty() || !s.calibration.empty()))
+    throw std::invalid_argument("--gpu and --calibration price rows with --engine sim; the " + s.engine_kind + " engine is timed");
+  if (s.rows.prefill_tokens.empty() && s.rows.prefill_mixes.empty() &&
+      (s.rows.batches.empty() || s.rows.contexts.empty())) {
     throw std::invalid_argument("nothing to measure: give --prefill and/or --batch with --context");
   }
-  if (!std::filesystem::exists(s.model)) throw std::invalid_argument("no model at '" + s.model + "'");
+  if (!modelled && !std::filesystem::exists(s.model)) throw std::invalid_argument("no model at '" + s.model + "'");
   const bool tty = terminal();
   if (tty) std::fprintf(stderr, "loading %s on the %s engine...\n", s.model.c_str(), s.engine_kind.c_str());
   auto engine = bench_engine_for(s);
@@ -457,25 +510,34 @@ int run_bench_engine(const sim_commands::state& s) {
   const auto rows = run_engine_bench(*engine, s.rows, progress);
   std::printf("%s engine, %s: %u prefill repeats, %u decode steps per row (median, p10-p90 of each call)\n",
               s.engine_kind.c_str(), s.model.c_str(), s.rows.prefill_repeats, s.rows.steps);
-  std::printf("%-8s %6s %8s %12s %22s %14s\n", "", "batch", "tokens", "ms", "p10 - p90 ms", "tokens/s");
+  std::printf("%-11s %6s %8s %12s %22s %14s\n", "", "batch", "tokens", "ms", "p10 - p90 ms", "tokens/s");
   nlohmann::json out = nlohmann::json::array();
   bool agree = true;
   for (const auto& r : rows) {
     std::string flag;
     if (!r.sequences_agree) {
       flag = "  (sequences disagree: " + r.disagreement + ")";
+    } else if (r.near_tie_divergences > 0 && r.kind == "prefill_mix") {
+      flag = "  (" + std::to_string(r.near_tie_divergences) + " of " + std::to_string(r.batch) +
+             " chunks chose another near-tie than their whole prompt)";
     } else if (r.near_tie_divergences > 0) {
       flag = "  (" + std::to_string(r.near_tie_divergences) + " of " + std::to_string(r.batch) +
              " left sequence 0's tokens on near-ties from step " + std::to_string(r.first_divergence_step) + ")";
     }
-    std::printf("%-8s %6u %8u %12.3f %10.3f - %9.3f %14.1f%s\n", r.kind.c_str(), r.batch, r.tokens, r.ms_median,
+    if (!r.mix.empty()) flag = "  " + r.mix + flag;
+    std::printf("%-11s %6u %8u %12.3f %10.3f - %9.3f %14.1f%s\n", r.kind.c_str(), r.batch, r.tokens, r.ms_median,
                 r.ms_p10, r.ms_p90, r.tokens_per_s, flag.c_str());
     agree = agree && r.sequences_agree;
     out.push_back(to_json(r));
   }
   if (!s.json_out.empty()) {
     std::ofstream f(s.json_out);
-    f << nlohmann::json{{"engine", s.engine_kind}, {"model", s.model}, {"rows", out}}.dump(2) << "\n";
+    nlohmann::json top{{"engine", s.engine_kind}, {"model", s.model}, {"sm_share", s.sm_share}, {"rows", out}};
+    if (modelled) {
+      top["gpu"] = priced_gpu(s);
+      top["calibration"] = s.calibration;
+    }
+    f << top.dump(2) << "\n";
     if (!f) throw std::runtime_error("cannot write " + s.json_out);
   }
   if (!agree) {
@@ -853,16 +915,27 @@ sim_commands::sim_commands(CLI::App& app) : state_(std::make_unique<state>()) {
   serve->add_option("--title", s.title, "report title");
 
   s.engine_bench = s.bench->add_subcommand(
-      "engine", "time one engine's prefill and decode steps on a model (cpu or cuda)");
+      "engine", "time one engine's prefill and decode steps on a model (cpu or cuda), or price them (sim)");
   auto* eb = s.engine_bench;
-  eb->add_option("--model", s.model, "checkpoint directory or .gguf file")->required();
-  eb->add_option("--engine", s.engine_kind, "cpu or cuda")->default_val("cpu");
+  eb->add_option("--model", s.model, "checkpoint directory or .gguf file (sim: a model preset)")->required();
+  eb->add_option("--engine", s.engine_kind,
+                 "cpu or cuda; sim: the simulator's cost model prices each call (docs/sim.md)")
+      ->default_val("cpu");
+  eb->add_option("--gpu", s.gpu, "sim: the GPU whose steps it models (default: the calibration's)");
+  eb->add_option("--calibration", s.calibration, "sim: calibration TOML file for that GPU");
   eb->add_option("--dtype", s.dtype, "model.dtype (cpu GGUF: f32 for the fp32 path)")->default_val("bf16");
   eb->add_option("--threads", s.threads, "cpu: worker threads (0: every core)");
   eb->add_option("--device", s.device, "cuda: GPU ordinal")->check(CLI::NonNegativeNumber);
   eb->add_option("--chunk-tokens", s.chunk_tokens, "prompt tokens per prefill pass")->check(CLI::Range(16u, 1u << 20));
   eb->add_option("--prefill", s.rows.prefill_tokens, "prompt lengths, comma separated (one sequence each)")
       ->delimiter(',');
+  eb->add_option("--prefill-mix", s.prefill_mixes,
+                 "prefill steps of several chunks, comma separated: NxT[@P] joined by '+' (N chunks of T tokens "
+                 "after P prompt tokens in KV), e.g. 4x256,1x1024@3072; with it only rows given explicitly run")
+      ->delimiter(',');
+  eb->add_option("--sm-share", s.sm_share,
+                 "cuda: run in a green context holding this fraction of the SMs; sim: price steps on that share")
+      ->check(CLI::Range(0.01, 1.0));
   eb->add_option("--batch", s.rows.batches, "decode batch sizes, comma separated")->delimiter(',');
   eb->add_option("--context", s.rows.contexts, "decode context lengths, comma separated")->delimiter(',');
   eb->add_option("--steps", s.rows.steps, "timed decode steps per row")->check(CLI::Range(1u, 100000u));
@@ -871,6 +944,9 @@ sim_commands::sim_commands(CLI::App& app) : state_(std::make_unique<state>()) {
   eb->add_option("--seed", s.rows.seed, "prompt token ids");
   eb->add_option("--tie-margin", s.rows.tie_margin,
                  "nats: identical sequences may swap two candidates whose top-2 margin is within this")
+      ->check(CLI::Range(0.0, 10.0));
+  eb->add_option("--mix-tie-margin", s.rows.mix_tie_margin,
+                 "nats: a mix row's chunk and its whole prompt may choose two tokens each within this of its best")
       ->check(CLI::Range(0.0, 10.0));
   eb->add_option("--json", s.json_out, "write the rows as JSON here");
 }

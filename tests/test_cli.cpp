@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 #include <fcntl.h>
 
+#include <array>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,8 @@
 
 #include "runtime/engine.hpp"
 #include "runtime/engine_bench.hpp"
+#include "runtime/gpu_catalog.hpp"
+#include "runtime/model_shape.hpp"
 #include "runtime/hf_model.hpp"
 #include "runtime/http_api.hpp"
 #include "runtime/http_frontend.hpp"
@@ -585,6 +588,141 @@ TEST_CASE("bench engine's agreement rule: identical sequences may part only on a
   }
 }
 
+TEST_CASE("a prefill mix reads NxT[@P] parts joined by '+' and refuses what it cannot read") {
+  const auto mix = duet::parse_prefill_mix("1x1024@3072+2x256");
+  REQUIRE(mix.parts.size() == 2);
+  CHECK(mix.label == "1x1024@3072+2x256");
+  CHECK(mix.parts[0].sequences == 1);
+  CHECK(mix.parts[0].tokens == 1024);
+  CHECK(mix.parts[0].prior == 3072);
+  CHECK(mix.parts[1].sequences == 2);
+  CHECK(mix.parts[1].tokens == 256);
+  CHECK(mix.parts[1].prior == 0);
+  CHECK(mix.sequences() == 3);
+  CHECK(mix.tokens() == 1536);
+  // Causal pairs: 1024 rows over 3072 prior keys and a triangle of 1024, two triangles of 256.
+  CHECK(mix.attention_pairs() == doctest::Approx(1024.0 * 3072 + 1024.0 * 1025 / 2 + 2 * (256.0 * 257 / 2)));
+  for (const char* bad : {"", "x4", "2x", "2x3@", "0x4", "2x0", "2x3@4@5", "2x3+", "+2x3", "2y3", "2x-3", "2x3@x"}) {
+    INFO(bad);
+    CHECK_THROWS_AS((void)duet::parse_prefill_mix(bad), std::invalid_argument);
+  }
+}
+
+TEST_CASE("duet bench engine times prefill mixes after their priors and checks each chunk's token") {
+  temp_dir dir;
+  const fs::path model = dir.path / "tiny";
+  REQUIRE(run_duet({"model", "random", "--preset", "tiny-llama", "--out", model.string()}).code == 0);
+  const fs::path json_file = dir.path / "mix.json";
+  const auto r = run_duet({"bench", "engine", "--model", model.string(), "--prefill-mix", "2x16,1x24@40+2x8",
+                           "--repeats", "2", "--json", json_file.string()});
+  REQUIRE_MESSAGE(r.code == 0, r.err);
+  std::ifstream in(json_file);
+  const auto j = nlohmann::json::parse(in);
+  CHECK(j["sm_share"] == 1.0);
+  const auto& rows = j["rows"];
+  REQUIRE(rows.size() == 2);  // only the mixes: the default prompt and decode rows step aside
+  CHECK(rows[0]["kind"] == "prefill_mix");
+  CHECK(rows[0]["mix"] == "2x16");
+  CHECK(rows[0]["batch"] == 2);
+  CHECK(rows[0]["tokens"] == 32);
+  CHECK(rows[0]["attention_pairs"] == doctest::Approx(2 * 16.0 * 17 / 2));
+  CHECK(rows[1]["mix"] == "1x24@40+2x8");
+  CHECK(rows[1]["batch"] == 3);
+  CHECK(rows[1]["tokens"] == 40);
+  CHECK(rows[1]["attention_pairs"] == doctest::Approx(24.0 * 40 + 24.0 * 25 / 2 + 2 * (8.0 * 9 / 2)));
+  for (const auto& row : rows) {
+    INFO(row["mix"].get<std::string>());
+    CHECK(row["tokens_per_s"].get<double>() ==
+          doctest::Approx(row["tokens"].get<double>() / row["ms_median"].get<double>() * 1e3).epsilon(1e-9));
+    // Each chunk, after its prior in KV, samples what a prefill of its whole prompt samples: the
+    // fp32 cpu engine computes a row alike in either call, to rounding.
+    CHECK(row["sequences_agree"] == true);
+    CHECK(row["near_tie_divergences"] == 0);
+    CHECK(row["logprob_spread"].get<double>() >= 0.0);
+    CHECK(row["logprob_spread"].get<double>() < 1e-4);
+  }
+  const auto bad = run_duet({"bench", "engine", "--model", model.string(), "--prefill-mix", "2x16@"});
+  CHECK(bad.code == 2);
+  CHECK(bad.err.find("cannot read '2x16@'") != std::string::npos);
+  // A chunk past the model's positions is refused before anything runs.
+  const fs::path short_model = dir.path / "short";
+  REQUIRE(run_duet({"model", "random", "--preset", "tiny-llama", "--max-position", "64", "--out", short_model.string()})
+              .code == 0);
+  const auto long_mix = run_duet({"bench", "engine", "--model", short_model.string(), "--prefill-mix", "1x8@60"});
+  CHECK(long_mix.code == 2);
+  CHECK(long_mix.err.find("exceeds max_context 64") != std::string::npos);
+  const auto share = run_duet({"bench", "engine", "--model", model.string(), "--prefill-mix", "2x16", "--sm-share", "0.5"});
+  CHECK(share.code == 2);
+  CHECK(share.err.find("--sm-share needs --engine cuda") != std::string::npos);
+}
+
+TEST_CASE("duet bench engine --engine sim prices each row with the simulator's cost model") {
+  temp_dir dir;
+  const fs::path cal_file = dir.path / "h200-test.toml";
+  {
+    std::ofstream f(cal_file);
+    f << "gpu = \"h200\"\n"
+         "gemm = [[256, 0.5], [1024, 0.6]]\n"
+         "attention = [[1024, 0.3], [8192, 0.45]]\n"
+         "split_compute = [[0.5, 0.8], [1, 1.0]]\n";
+  }
+  auto spec = *find_gpu_spec("h200");
+  spec.calibration = load_gpu_calibration(cal_file);
+  const auto shape = *find_model_shape("r1-distill-llama-8b");
+  for (const double share : {1.0, 0.5}) {
+    INFO("share " << share);
+    const fs::path json_file = dir.path / ("priced-" + std::to_string(share) + ".json");
+    const auto r = run_duet({"bench", "engine", "--engine", "sim", "--model", "r1-distill-llama-8b", "--calibration",
+                             cal_file.string(), "--sm-share", std::to_string(share), "--prefill-mix",
+                             "1x1024,1x1024@3072,4x256,1x512@512+2x256", "--batch", "1", "--context", "1000",
+                             "--steps", "1", "--warmup", "0", "--json", json_file.string()});
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    std::ifstream in(json_file);
+    const auto j = json::parse(in);
+    CHECK(j["engine"] == "sim");
+    CHECK(j["gpu"] == "h200");
+    CHECK(j["sm_share"] == doctest::Approx(share));
+    const auto& rows = j["rows"];
+    REQUIRE(rows.size() == 5);
+    // Each mix is one call: its tokens summed, each part's attention after its prior.
+    const cost_model costs(shape, spec, share);
+    const std::vector<std::vector<std::array<uint32_t, 3>>> mixes = {
+        {{1, 1024, 0}}, {{1, 1024, 3072}}, {{4, 256, 0}}, {{1, 512, 512}, {2, 256, 0}}};
+    for (std::size_t i = 0; i < mixes.size(); ++i) {
+      uint64_t tokens = 0;
+      double attention = 0;
+      for (const auto& [n, t, p] : mixes[i]) {
+        tokens += uint64_t{n} * t;
+        attention += n * costs.chunk_attention_flops(t, p);
+      }
+      INFO(rows[i]["mix"].get<std::string>());
+      CHECK(rows[i]["ms_median"].get<double>() == doctest::Approx(costs.prefill_seconds(tokens, attention) * 1e3));
+      CHECK(rows[i]["sequences_agree"] == true);
+    }
+    // One decode step of one sequence: the prompt plus the token its prefill sampled.
+    CHECK(rows[4]["kind"] == "decode");
+    CHECK(rows[4]["ms_median"].get<double>() == doctest::Approx(costs.decode_seconds(1, 1001, 1) * 1e3));
+  }
+  // What it cannot price is refused with the reason.
+  const auto unknown = run_duet({"bench", "engine", "--engine", "sim", "--model", "llama-9b", "--gpu", "h200",
+                                 "--prefill-mix", "1x64"});
+  CHECK(unknown.code == 2);
+  CHECK(unknown.err.find("prices a model preset") != std::string::npos);
+  const auto no_gpu = run_duet({"bench", "engine", "--engine", "sim", "--model", "tiny", "--prefill-mix", "1x64"});
+  CHECK(no_gpu.code == 2);
+  CHECK(no_gpu.err.find("needs --gpu") != std::string::npos);
+  const auto other_gpu = run_duet({"bench", "engine", "--engine", "sim", "--model", "tiny", "--gpu", "h100",
+                                   "--calibration", cal_file.string(), "--prefill-mix", "1x64"});
+  CHECK(other_gpu.code == 2);
+  CHECK(other_gpu.err.find("calibrates h200") != std::string::npos);
+  const fs::path model = dir.path / "tiny";
+  REQUIRE(run_duet({"model", "random", "--preset", "tiny-llama", "--out", model.string()}).code == 0);
+  const auto timed = run_duet({"bench", "engine", "--model", model.string(), "--calibration", cal_file.string(),
+                               "--prefill-mix", "1x16"});
+  CHECK(timed.code == 2);
+  CHECK(timed.err.find("price rows with --engine sim") != std::string::npos);
+}
+
 TEST_CASE("duet bench engine times prefill and decode rows on the cpu engine and refuses bad rows") {
   temp_dir dir;
   const fs::path model = dir.path / "tiny";
@@ -631,7 +769,7 @@ TEST_CASE("duet bench engine times prefill and decode rows on the cpu engine and
   CHECK(zero.err.find("batch") != std::string::npos);
   const auto sim = run_duet({"bench", "engine", "--model", model.string(), "--engine", "sim"});
   CHECK(sim.code == 2);
-  CHECK(sim.err.find("sim engine") != std::string::npos);
+  CHECK(sim.err.find("prices a model preset") != std::string::npos);  // a checkpoint is timed, not priced
   const auto missing = run_duet({"bench", "engine", "--model", (dir.path / "none").string()});
   CHECK(missing.code == 2);
   CHECK(missing.err.find("no model") != std::string::npos);
