@@ -91,7 +91,7 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
   static const std::set<std::string, std::less<>> keys = {
       "gpu", "measured", "source", "step_overhead_s", "decode_sequence_overhead_s",
       "gemm", "attention", "memory", "split_bandwidth", "split_kv_bandwidth", "split_compute",
-      "split_decode_slowdown", "concurrent_decode_slowdown",
+      "split_decode_slowdown", "split_prefill_slowdown", "concurrent_decode_slowdown",
       "concurrent_prefill_slowdown", "concurrent_decode_delay_s", "concurrent_decode_tile_keys",
       "concurrent_decode_delay_by_overlap", "concurrent_overlap_on_prefill_start", "concurrent_prefill_yield", "concurrent_prefill_attention_yield",
       "concurrent_prefill_yield_scale", "concurrent_decode_delay_scale", "concurrent_decode_slowdown_scale",
@@ -126,7 +126,8 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
     cal.decode_sequence_overhead_s = number(file, *n, "decode_sequence_overhead_s", false);
   for (auto [key, slot] : {std::pair{"concurrent_decode_slowdown", &cal.concurrent_decode_slowdown},
                            std::pair{"concurrent_prefill_slowdown", &cal.concurrent_prefill_slowdown},
-                           std::pair{"split_decode_slowdown", &cal.split_decode_slowdown}}) {
+                           std::pair{"split_decode_slowdown", &cal.split_decode_slowdown},
+                           std::pair{"split_prefill_slowdown", &cal.split_prefill_slowdown}}) {
     if (const auto* n = root.get(key)) {
       *slot = number(file, *n, key, false);
       if (**slot < 1.0) fail(file, n, key, "a slowdown is at least 1");

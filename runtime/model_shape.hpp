@@ -65,6 +65,9 @@ struct gpu_calibration {
   // (the SMs are split, the HBM and L2 are not). split_bandwidth and split_kv_bandwidth are
   // then the rates with prefill idle. Unset: 1, the shares do not interact.
   std::optional<double> split_decode_slowdown;
+  // A prefill step on an SM share runs this many times as long while the other share's decode
+  // step is in flight; split_compute is then its rate with decode idle. Unset: 1.
+  std::optional<double> split_prefill_slowdown;
   std::optional<double> step_overhead_s;
   std::optional<double> decode_sequence_overhead_s;  // host work per sequence per decode step
   // Engines of one GPU on streams of their own (event_sim): a step starting while the other

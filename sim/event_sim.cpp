@@ -879,6 +879,8 @@ class event_sim {
       if (u.prefill) {
         tl.step_end += overlap_decode_in_flight(u, tl);
         slow_split_decode_in_flight(tl);
+      } else {
+        slow_split_prefill_in_flight(tl);
       }
       push({tl.step_end, event_kind::step_done, false, t, ++tl.generation});
       // The prefill in flight loses SM time to the decode step's work, not to its wait.
@@ -937,22 +939,31 @@ class event_sim {
     return {1.0, 0};
   }
 
-  /// A decode step on an SM share starting while the other share's prefill step runs (with
-  /// split_decode_slowdown s): its work runs s times as long until that step ends, then at
-  /// its own pace. Returns the factor on the step's modelled work (1 for a prefill step).
+  /// A step on an SM share starting while the other share's step runs: a decode step beside a
+  /// prefill step (split_decode_slowdown s) or a prefill step beside a decode step
+  /// (split_prefill_slowdown) runs s times as long until that step ends, then at its own pace.
+  /// Returns the factor on the step's modelled work.
   [[nodiscard]] double split_contention(const unit& u, const timeline& tl, int64_t work_ns) const {
-    const double s = specs_[tl.gpu].calibration.split_decode_slowdown.value_or(1.0);
-    if (!u.decode || s <= 1.0 || work_ns <= 0) return 1.0;
-    const double left = static_cast<double>(std::max<int64_t>(prefill_busy_until(tl) - now_, 0));
+    const double s = split_slowdown(u, tl.gpu);
+    if (s <= 1.0 || work_ns <= 0) return 1.0;
+    const double left = static_cast<double>(std::max<int64_t>(busy_until(tl, !u.prefill) - now_, 0));
     return slowed_duration(static_cast<double>(work_ns), left, s) / static_cast<double>(work_ns);
   }
 
-  /// When the last prefill step in flight on `tl`'s GPU, other than `tl`'s own, ends (now_ when
-  /// none is).
-  [[nodiscard]] int64_t prefill_busy_until(const timeline& tl) const {
+  /// The slowdown of `u`'s steps beside the other share's work (1: none).
+  [[nodiscard]] double split_slowdown(const unit& u, uint32_t gpu) const {
+    const auto& cal = specs_[gpu].calibration;
+    return (u.prefill ? cal.split_prefill_slowdown : cal.split_decode_slowdown).value_or(1.0);
+  }
+
+  /// When the last prefill (or decode) step in flight on `tl`'s GPU, other than `tl`'s own,
+  /// ends (now_ when none is).
+  [[nodiscard]] int64_t busy_until(const timeline& tl, bool prefill) const {
     int64_t until = now_;
     for (const auto& other : timelines_) {
-      if (&other != &tl && other.gpu == tl.gpu && other.busy && units_[other.running]->prefill)
+      if (&other == &tl || other.gpu != tl.gpu || !other.busy) continue;
+      const unit& running = *units_[other.running];
+      if (prefill ? static_cast<bool>(running.prefill) : static_cast<bool>(running.decode))
         until = std::max(until, other.step_end);
     }
     return until;
@@ -966,18 +977,28 @@ class event_sim {
   /// A prefill step starting on an SM share (timeline `tl`) while the other share's decode step
   /// runs: the rest of that decode step runs split_decode_slowdown times slower while both are
   /// in flight (split_contention, seen from the decode step's side).
-  void slow_split_decode_in_flight(const timeline& tl) {
-    const double s = specs_[tl.gpu].calibration.split_decode_slowdown.value_or(1.0);
-    if (s <= 1.0 || !tl.busy || units_[tl.running]->spec.sm_share >= 1) return;
-    // Another prefill share's step in flight already slows the decode step until it ends;
-    // this one slows what is left after that.
-    const int64_t slow_from = prefill_busy_until(tl);
+  void slow_split_decode_in_flight(const timeline& tl) { slow_split_in_flight(tl, true); }
+
+  /// A decode step starting on an SM share while the other share's prefill step runs: the rest
+  /// of that prefill step runs split_prefill_slowdown times slower while both are in flight.
+  /// The decode step's own end was priced before this moves the prefill step's end (first order).
+  void slow_split_prefill_in_flight(const timeline& tl) { slow_split_in_flight(tl, false); }
+
+  /// The steps of the other role on `tl`'s GPU, each on a share, slowed for the part of them
+  /// that `tl`'s new step (of role prefill or not) overlaps.
+  void slow_split_in_flight(const timeline& tl, bool prefill) {
+    if (!tl.busy || units_[tl.running]->spec.sm_share >= 1) return;
+    // Another share's step of tl's role in flight already slows the step until it ends; this
+    // one slows what is left after that.
+    const int64_t slow_from = busy_until(tl, prefill);
     if (tl.step_end <= slow_from) return;
     for (uint32_t t = 0; t < timelines_.size(); ++t) {
       timeline& other = timelines_[t];
       if (&other == &tl || other.gpu != tl.gpu || !other.busy) continue;
-      const unit& decode = *units_[other.running];
-      if (!decode.decode || decode.spec.sm_share >= 1) continue;
+      const unit& slowed = *units_[other.running];
+      if ((prefill ? !slowed.decode : !slowed.prefill) || slowed.spec.sm_share >= 1) continue;
+      const double s = split_slowdown(slowed, tl.gpu);
+      if (s <= 1.0) continue;
       const int64_t left = other.step_end - slow_from;
       if (left <= 0) continue;
       other.step_end = slow_from + static_cast<int64_t>(slowed_duration(

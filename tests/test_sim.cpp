@@ -399,6 +399,13 @@ TEST_CASE(
   CHECK(contains(error_of<gpu_catalog_error>(
                      [&] { (void)load_gpu_calibration(dir / "split_speedup.toml"); }),
                  "a slowdown is at least 1"));
+  CHECK_FALSE(contention.split_prefill_slowdown.has_value());
+  std::ofstream(dir / "split_prefill.toml") << "split_prefill_slowdown = 1.2\n";
+  CHECK(load_gpu_calibration(dir / "split_prefill.toml").split_prefill_slowdown == Approx(1.2));
+  std::ofstream(dir / "split_prefill_speedup.toml") << "split_prefill_slowdown = 0.9\n";
+  CHECK(contains(error_of<gpu_catalog_error>(
+                     [&] { (void)load_gpu_calibration(dir / "split_prefill_speedup.toml"); }),
+                 "a slowdown is at least 1"));
   CHECK(contention.concurrent_decode_delay_s == Approx(0.014));
   CHECK(contention.concurrent_prefill_slowdown == Approx(1.2));
   CHECK(contention.concurrent_prefill_yield == Approx(0.6));
@@ -873,6 +880,43 @@ TEST_CASE(
   unit_slowdown.calibrations[split.gpus[0].type].split_decode_slowdown = 1.0;
   const auto same = summarize(run_simulation(config, split, trace, unit_slowdown).records);
   CHECK(same.itl_s.mean == Approx(a.itl_s.mean).epsilon(1e-9));
+}
+
+TEST_CASE(
+    "on a split GPU a prefill step runs split_prefill_slowdown times as long while the other "
+    "share's decode step is in flight, and only then") {
+  auto config = one_gpu_own_streams();
+  for (auto& a : config.nodes[0].actors) {
+    if (a.role == actor_role::prefill) a.sm_share = 0.6;
+    if (a.role == actor_role::decode) a.sm_share = 0.4;
+  }
+  const auto split = deployment_from_config(config);
+  // Prompts of 4,000 tokens twice a second, each decoding 200 tokens: the decode share is busy
+  // most of the time, not all of it (the first request's chunks run beside nothing).
+  const auto trace =
+      load_trace_spec("synthetic:poisson:rate=2,duration=40,in=4000,out=200,seed=15");
+  const auto alone = run_simulation(config, split, trace);
+  sim_options contended;
+  contended.calibrations[split.gpus[0].type].split_prefill_slowdown = 1.5;
+  const auto slowed = run_simulation(config, split, trace, contended);
+  const auto a = summarize(alone.records), b = summarize(slowed.records);
+  REQUIRE(a.completed == trace.size());
+  REQUIRE(b.completed == trace.size());
+  const auto mean_prefill_step = [](const sim_result& r) {
+    return double(r.counters.at("prefill.hop_step_us")) / double(r.counters.at("prefill.hop_step_count"));
+  };
+  const double step_alone = mean_prefill_step(alone), step_slowed = mean_prefill_step(slowed);
+  MESSAGE("prefill step ms: shares apart " << step_alone / 1e3 << ", slowed beside decode " << step_slowed / 1e3
+          << "; TTFT P50 " << a.ttft_s.p50 * 1e3 << " -> " << b.ttft_s.p50 * 1e3 << " ms");
+  // Steps beside decode take up to 1.5 times as long; some ran with decode idle.
+  CHECK(step_slowed > 1.1 * step_alone);
+  CHECK(step_slowed < 1.5 * step_alone);
+  CHECK(b.ttft_s.p50 > a.ttft_s.p50 * 1.1);
+  // Without the key the two shares do not interact: the same run as with none.
+  sim_options unit_slowdown;
+  unit_slowdown.calibrations[split.gpus[0].type].split_prefill_slowdown = 1.0;
+  const auto same = run_simulation(config, split, trace, unit_slowdown);
+  CHECK(mean_prefill_step(same) == Approx(step_alone).epsilon(1e-9));
 }
 
 TEST_CASE(
