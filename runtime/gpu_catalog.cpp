@@ -90,7 +90,7 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
                                  std::string_view expected_gpu) {
   static const std::set<std::string, std::less<>> keys = {
       "gpu", "measured", "source", "step_overhead_s", "decode_sequence_overhead_s",
-      "gemm", "attention", "memory", "split_bandwidth", "split_kv_bandwidth", "split_compute",
+      "gemm", "attention", "memory", "prefill_memory", "split_bandwidth", "split_kv_bandwidth", "split_compute",
       "split_decode_slowdown", "split_prefill_slowdown", "concurrent_decode_slowdown",
       "concurrent_prefill_slowdown", "concurrent_decode_delay_s", "concurrent_decode_tile_keys",
       "concurrent_decode_delay_by_overlap", "concurrent_overlap_on_prefill_start", "concurrent_prefill_yield", "concurrent_prefill_attention_yield",
@@ -126,8 +126,7 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
     cal.decode_sequence_overhead_s = number(file, *n, "decode_sequence_overhead_s", false);
   for (auto [key, slot] : {std::pair{"concurrent_decode_slowdown", &cal.concurrent_decode_slowdown},
                            std::pair{"concurrent_prefill_slowdown", &cal.concurrent_prefill_slowdown},
-                           std::pair{"split_decode_slowdown", &cal.split_decode_slowdown},
-                           std::pair{"split_prefill_slowdown", &cal.split_prefill_slowdown}}) {
+                           std::pair{"split_decode_slowdown", &cal.split_decode_slowdown}}) {
     if (const auto* n = root.get(key)) {
       *slot = number(file, *n, key, false);
       if (**slot < 1.0) fail(file, n, key, "a slowdown is at least 1");
@@ -157,13 +156,22 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
                            std::pair{"concurrent_decode_slowdown_scale", &cal.concurrent_decode_slowdown_scale}}) {
     if (const auto* n = root.get(key)) *slot = curve(file, *n, key, true);
   }
+  if (const auto* n = root.get("split_prefill_slowdown")) {
+    cal.split_prefill_slowdown = curve(file, *n, "split_prefill_slowdown", true);
+    for (const auto& [share, factor] : cal.split_prefill_slowdown.points) {
+      if (share > 1.0) fail(file, n, "split_prefill_slowdown", "SM shares must be at most 1");
+      if (factor < 1.0) fail(file, n, "split_prefill_slowdown", "a slowdown is at least 1");
+    }
+  }
+  if (const auto* n = root.get("prefill_memory")) cal.prefill_memory = fraction(file, *n, "prefill_memory");
   if (const auto* n = root.get("shared_prefill_delay_s"))
     cal.shared_prefill_delay_s = number(file, *n, "shared_prefill_delay_s", false);
   for (auto [key, slot] : {std::pair{"split_bandwidth", &cal.split_bandwidth},
                            std::pair{"split_kv_bandwidth", &cal.split_kv_bandwidth},
                            std::pair{"split_compute", &cal.split_compute}}) {
     if (const auto* n = root.get(key)) {
-      *slot = curve(file, *n, key);
+      // split_compute is a factor on the whole GPU's fractions: a share may use its SMs better.
+      *slot = curve(file, *n, key, std::string_view(key) == "split_compute");
       for (const auto& [share, fraction] : slot->points) {
         if (share > 1.0) fail(file, n, key, "SM shares must be at most 1");
       }

@@ -72,6 +72,7 @@ gpu_calibration with_engine_speed(gpu_calibration cal, const gpu_spec& spec, dou
   scale(cal.gemm, spec.gemm_efficiency);
   scale(cal.attention, spec.gemm_efficiency);
   scale(cal.memory, spec.bandwidth_efficiency);
+  if (cal.prefill_memory) cal.prefill_memory = std::min(1.0, *cal.prefill_memory * factor);
   return cal;
 }
 
@@ -111,8 +112,20 @@ double cost_model::prefill_seconds(uint64_t chunk_tokens_total, double attention
   const auto parts = prefill_compute_parts(chunk_tokens_total, attention_flops);
   const double compute = parts.gemm_s + parts.attention_s;
   const double bytes = double(shape_.weight_bytes());
-  const double memory = bytes / (gpu_.memory_bandwidth * cal.memory.at(bytes, gpu_.bandwidth_efficiency));
-  return std::max(compute, memory) + cal.step_overhead_s.value_or(gpu_.step_overhead_s);
+  return std::max(compute, bytes / prefill_weight_rate(bytes)) + cal.step_overhead_s.value_or(gpu_.step_overhead_s);
+}
+
+double cost_model::prefill_weight_rate(double bytes) const {
+  const auto& cal = gpu_.calibration;
+  if (!cal.prefill_memory) return gpu_.memory_bandwidth * cal.memory.at(bytes, gpu_.bandwidth_efficiency);
+  return gpu_.memory_bandwidth * *cal.prefill_memory * split_bandwidth_fraction();
+}
+
+double cost_model::split_bandwidth_fraction() const {
+  if (sm_share_ >= 1.0) return 1.0;
+  // A share of the SMs still reaches most of the bandwidth with well-pipelined kernels
+  // (sqrt(share)); a calibration says how much an engine's own kernels reach.
+  return gpu_.calibration.split_bandwidth.at(sm_share_, std::min(1.0, std::sqrt(sm_share_) * 1.1));
 }
 
 double cost_model::decode_seconds(uint32_t batch, uint64_t context_tokens_total,
@@ -130,10 +143,7 @@ cost_model::decode_parts_s cost_model::decode_parts(uint32_t batch, uint64_t con
   const uint32_t rows = std::max(batch, graph_rows);
   const double linear = 2.0 * double(shape_.linear_params()) * rows;
   const double attention = 4.0 * shape_.layers * shape_.heads * shape_.head_dim * double(context_tokens_total);
-  // A share of the SMs still reaches most of the bandwidth with well-pipelined kernels
-  // (sqrt(share)); a calibration says how much an engine's own kernels reach.
-  const double bw_default = std::min(1.0, std::sqrt(sm_share_) * 1.1);
-  const double bw_share = sm_share_ >= 1.0 ? 1.0 : cal.split_bandwidth.at(sm_share_, bw_default);
+  const double bw_share = split_bandwidth_fraction();
   const double weights = double(shape_.weight_bytes());
   const double kv = double(shape_.kv_bytes_per_token()) * context_tokens_total;
   const double peak = gpu_.bf16_flops * sm_share_;

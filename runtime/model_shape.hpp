@@ -57,17 +57,22 @@ struct gpu_calibration {
   efficiency_curve split_kv_bandwidth;  // x: SM share (< 1); the same for a decode step's KV
                                         // reads (its attention kernels), relative to what they
                                         // reach on the whole GPU; empty = split_bandwidth's
-  efficiency_curve split_compute;  // x: SM share (< 1); fraction of the share's peak FLOP/s that a
-                                   // prefill step on it reaches, relative to the whole GPU's
-                                   // gemm / attention fractions (empty: 1)
+  efficiency_curve split_compute;  // x: SM share (< 1); factor on the whole GPU's gemm / attention
+                                   // fractions that a prefill step on that share reaches of the
+                                   // share's peak FLOP/s; may exceed 1 (empty: 1)
+  // The fraction of peak bandwidth a prefill step's weight reads reach (its memory floor: its
+  // kernels run one by one, not in one graph), times split_bandwidth on a share. Unset: the
+  // memory curve at the weights' bytes, on the whole GPU's bandwidth at any share.
+  std::optional<double> prefill_memory;
   // Engines on the two shares of one split GPU (event_sim): a decode step runs this many times
   // as long while the other share's prefill step is in flight, for the part of it they overlap
   // (the SMs are split, the HBM and L2 are not). split_bandwidth and split_kv_bandwidth are
   // then the rates with prefill idle. Unset: 1, the shares do not interact.
   std::optional<double> split_decode_slowdown;
-  // A prefill step on an SM share runs this many times as long while the other share's decode
-  // step is in flight; split_compute is then its rate with decode idle. Unset: 1.
-  std::optional<double> split_prefill_slowdown;
+  // x: SM share (< 1); a prefill step on that share runs this many times as long while the
+  // other share's decode step is in flight; split_compute is then its rate with decode idle.
+  // Empty: 1.
+  efficiency_curve split_prefill_slowdown;
   std::optional<double> step_overhead_s;
   std::optional<double> decode_sequence_overhead_s;  // host work per sequence per decode step
   // Engines of one GPU on streams of their own (event_sim): a step starting while the other
@@ -151,6 +156,10 @@ class cost_model {
 
   /// One prefill step over chunks; each chunk is (tokens in chunk, tokens before it).
   [[nodiscard]] double prefill_seconds(uint64_t chunk_tokens_total, double attention_flops) const;
+  /// Bytes per second a prefill step reads its `bytes` of weights at (its memory floor).
+  [[nodiscard]] double prefill_weight_rate(double bytes) const;
+  /// The fraction of the whole GPU's bandwidth an engine on this cost model's share reaches.
+  [[nodiscard]] double split_bandwidth_fraction() const;
   /// The compute terms of prefill_seconds: GEMM seconds and attention seconds, each with the
   /// efficiency it was priced at (no overhead, no memory bound).
   struct prefill_compute {

@@ -941,7 +941,7 @@ class event_sim {
 
   /// A step on an SM share starting while the other share's step runs: a decode step beside a
   /// prefill step (split_decode_slowdown s) or a prefill step beside a decode step
-  /// (split_prefill_slowdown) runs s times as long until that step ends, then at its own pace.
+  /// (split_prefill_slowdown at its share) runs s times as long until that step ends, then at its own pace.
   /// Returns the factor on the step's modelled work.
   [[nodiscard]] double split_contention(const unit& u, const timeline& tl, int64_t work_ns) const {
     const double s = split_slowdown(u, tl.gpu);
@@ -953,7 +953,8 @@ class event_sim {
   /// The slowdown of `u`'s steps beside the other share's work (1: none).
   [[nodiscard]] double split_slowdown(const unit& u, uint32_t gpu) const {
     const auto& cal = specs_[gpu].calibration;
-    return (u.prefill ? cal.split_prefill_slowdown : cal.split_decode_slowdown).value_or(1.0);
+    if (u.prefill) return cal.split_prefill_slowdown.at(u.spec.sm_share, 1.0);
+    return cal.split_decode_slowdown.value_or(1.0);
   }
 
   /// When the last prefill (or decode) step in flight on `tl`'s GPU, other than `tl`'s own,

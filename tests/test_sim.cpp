@@ -367,6 +367,28 @@ TEST_CASE(
         Approx((c_linear / 0.5 + c_attention / 0.4) / (h20.bf16_flops * 0.5 * 0.8)).epsilon(1e-9));
   CHECK(c_whole.prefill_seconds(4096, c_attention) ==
         Approx((c_linear / 0.5 + c_attention / 0.4) / h20.bf16_flops).epsilon(1e-9));
+  // A factor above 1: alone, a share may run a step at more of its peak than the whole GPU does.
+  std::ofstream(dir / "split_compute_above_one.toml")
+      << "gemm = [[1, 0.5]]\nattention = [[1, 0.4]]\nstep_overhead_s = 0\nsplit_compute = [[0.5, 1.25], [1.0, 1.0]]\n";
+  compute_gpu.calibration = load_gpu_calibration(dir / "split_compute_above_one.toml");
+  CHECK(cost_model(shape, compute_gpu, 0.5).prefill_seconds(4096, c_attention) ==
+        Approx((c_linear / 0.5 + c_attention / 0.4) / (h20.bf16_flops * 0.5 * 1.25)).epsilon(1e-9));
+  // prefill_memory: a short step's floor reads the weights at that fraction of the bandwidth,
+  // times split_bandwidth on a share; without it, the memory curve on the whole GPU's.
+  std::ofstream(dir / "prefill_memory.toml") << "gemm = [[1, 0.9]]\nmemory = [[1e6, 0.8]]\nstep_overhead_s = 0\n"
+                                                "prefill_memory = 0.6\nsplit_bandwidth = [[0.5, 0.75], [1.0, 1.0]]\n";
+  auto floor_gpu = h20;
+  floor_gpu.calibration = load_gpu_calibration(dir / "prefill_memory.toml");
+  CHECK(cost_model(shape, floor_gpu, 1.0).prefill_seconds(8, 0) ==
+        Approx(weight_bytes / (4.0e12 * 0.6)).epsilon(1e-9));
+  CHECK(cost_model(shape, floor_gpu, 0.5).prefill_seconds(8, 0) ==
+        Approx(weight_bytes / (4.0e12 * 0.6 * 0.75)).epsilon(1e-9));
+  floor_gpu.calibration.prefill_memory.reset();
+  CHECK(cost_model(shape, floor_gpu, 0.5).prefill_seconds(8, 0) == Approx(weight_bytes / (4.0e12 * 0.8)).epsilon(1e-9));
+  std::ofstream(dir / "prefill_memory_above_one.toml") << "prefill_memory = 1.2\n";
+  CHECK(contains(error_of<gpu_catalog_error>(
+                     [&] { (void)load_gpu_calibration(dir / "prefill_memory_above_one.toml"); }),
+                 "prefill_memory"));
   std::ofstream(dir / "kv_share_above_one.toml") << "split_kv_bandwidth = [[0.5, 0.3], [1.5, 1.0]]\n";
   CHECK(contains(error_of<gpu_catalog_error>(
                      [&] { (void)load_gpu_calibration(dir / "kv_share_above_one.toml"); }),
@@ -399,10 +421,12 @@ TEST_CASE(
   CHECK(contains(error_of<gpu_catalog_error>(
                      [&] { (void)load_gpu_calibration(dir / "split_speedup.toml"); }),
                  "a slowdown is at least 1"));
-  CHECK_FALSE(contention.split_prefill_slowdown.has_value());
-  std::ofstream(dir / "split_prefill.toml") << "split_prefill_slowdown = 1.2\n";
-  CHECK(load_gpu_calibration(dir / "split_prefill.toml").split_prefill_slowdown == Approx(1.2));
-  std::ofstream(dir / "split_prefill_speedup.toml") << "split_prefill_slowdown = 0.9\n";
+  CHECK(contention.split_prefill_slowdown.empty());
+  std::ofstream(dir / "split_prefill.toml") << "split_prefill_slowdown = [[0.5, 1.4], [0.7, 1.2]]\n";
+  const auto by_share = load_gpu_calibration(dir / "split_prefill.toml").split_prefill_slowdown;
+  CHECK(by_share.at(0.5, 1.0) == Approx(1.4));
+  CHECK(by_share.at(0.7, 1.0) == Approx(1.2));
+  std::ofstream(dir / "split_prefill_speedup.toml") << "split_prefill_slowdown = [[0.5, 0.9]]\n";
   CHECK(contains(error_of<gpu_catalog_error>(
                      [&] { (void)load_gpu_calibration(dir / "split_prefill_speedup.toml"); }),
                  "a slowdown is at least 1"));
@@ -897,7 +921,8 @@ TEST_CASE(
       load_trace_spec("synthetic:poisson:rate=2,duration=40,in=4000,out=200,seed=15");
   const auto alone = run_simulation(config, split, trace);
   sim_options contended;
-  contended.calibrations[split.gpus[0].type].split_prefill_slowdown = 1.5;
+  // A curve by the prefill share: 1.5 at this one (0.6), whatever it says at others.
+  contended.calibrations[split.gpus[0].type].split_prefill_slowdown.points = {{0.6, 1.5}, {0.9, 3.0}};
   const auto slowed = run_simulation(config, split, trace, contended);
   const auto a = summarize(alone.records), b = summarize(slowed.records);
   REQUIRE(a.completed == trace.size());
@@ -914,7 +939,7 @@ TEST_CASE(
   CHECK(b.ttft_s.p50 > a.ttft_s.p50 * 1.1);
   // Without the key the two shares do not interact: the same run as with none.
   sim_options unit_slowdown;
-  unit_slowdown.calibrations[split.gpus[0].type].split_prefill_slowdown = 1.0;
+  unit_slowdown.calibrations[split.gpus[0].type].split_prefill_slowdown.points = {{0.6, 1.0}};
   const auto same = run_simulation(config, split, trace, unit_slowdown);
   CHECK(mean_prefill_step(same) == Approx(step_alone).epsilon(1e-9));
 }
