@@ -12,8 +12,9 @@
 # -03d to -03g (prefill chunks of 512 to 2,048 tokens, code x1, conversation x4.5 and x5) with
 # ...-2026-12-03b.toml (PD-streams contention by prefill step size), -03c.toml or -03i.toml (the
 # newest for PD streams: a prefill step starting during a decode step delays it too); -03j,
-# -04, -04b and -04c (PD with the SMs split on today's engine) with ...-2026-12-04b.toml (the
-# newest: a decode step on a share slowed while the other share runs prefill) or -04.toml.
+# -04, -04b and -04c (PD with the SMs split on today's engine) with ...-2026-12-05.toml (the
+# newest: prefill priced from steps timed alone, slowed beside the decode share), -04b.toml (a
+# decode step on a share slowed while the other share runs prefill) or -04.toml; -05 with -05.
 set -eu
 cd "$(dirname "$0")/.."
 CAL=${1:-config/calibration-duet/h200-cuda-engine.toml}
