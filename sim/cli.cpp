@@ -926,7 +926,7 @@ sim_commands::sim_commands(CLI::App& app) : state_(std::make_unique<state>()) {
   eb->add_option("--dtype", s.dtype, "model.dtype (cpu GGUF: f32 for the fp32 path)")->default_val("bf16");
   eb->add_option("--threads", s.threads, "cpu: worker threads (0: every core)");
   eb->add_option("--device", s.device, "cuda: GPU ordinal")->check(CLI::NonNegativeNumber);
-  eb->add_option("--chunk-tokens", s.chunk_tokens, "prompt tokens per prefill pass")->check(CLI::Range(16u, 1u << 20));
+  eb->add_option("--chunk-tokens", s.chunk_tokens, "prompt tokens per prefill pass (cpu, cuda; sim prices each call whole)")->check(CLI::Range(16u, 1u << 20));
   eb->add_option("--prefill", s.rows.prefill_tokens, "prompt lengths, comma separated (one sequence each)")
       ->delimiter(',');
   eb->add_option("--prefill-mix", s.prefill_mixes,
