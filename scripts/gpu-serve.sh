@@ -73,7 +73,7 @@ CONV_FID=${GPU_SERVE_FID_WINDOW:-$CONV}  # "TRACE START DURATION RATE"
 CAL_FID=$PWD/config/calibration-duet/h200-cuda-engine-2026-12-01.toml
 DEADLINE=${GPU_SERVE_DEADLINE:-540}
 # Stage matrix: the newest calibration and the runs, in order of priority.
-CAL_MATRIX=${GPU_SERVE_CAL:-$PWD/config/calibration-duet/h200-cuda-engine-2026-12-05.toml}
+CAL_MATRIX=${GPU_SERVE_CAL:-$PWD/config/calibration-duet/h200-cuda-engine-2026-12-05b.toml}
 MATRIX=${GPU_SERVE_MATRIX:-"code1-pd-streams streams $CODE_HIGH;code1-colocated colocated $CODE_HIGH;code1-pd-green70 green:0.7 $CODE_HIGH;conv5-pd-streams streams $CONV_HIGH;conv5-colocated colocated $CONV_HIGH"}
 FID_RUNS=/tmp/duet-fidelity/fidelity
 LOCUST_VENV=/tmp/duet-locust
