@@ -5,3 +5,10 @@ if(EXISTS /usr/bin/python3)
            COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/tools/check_ncu_steps.py ${PROJECT_SOURCE_DIR})
   set_tests_properties(ncu_steps_tables PROPERTIES TIMEOUT 60)
 endif()
+
+# scripts/fit-prefill-mix.py against the H200's prefill steps, pricing them with `duet bench engine --engine sim`.
+if(EXISTS /usr/bin/python3)
+  add_test(NAME fit_prefill_mix
+           COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/tools/check_fit_prefill_mix.py ${PROJECT_SOURCE_DIR} $<TARGET_FILE:duet>)
+  set_tests_properties(fit_prefill_mix PROPERTIES TIMEOUT 120)
+endif()
