@@ -19,7 +19,6 @@ and with --detail the runs of the best point.
 """
 import argparse
 import concurrent.futures
-import itertools
 import json
 import os
 import pathlib
@@ -27,6 +26,8 @@ import re
 import subprocess
 import sys
 import tempfile
+
+from calibration_grid import grid_points, with_keys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIGURES = (("ttft_s", "p50"), ("ttft_s", "p99"), ("itl_s", "p50"), ("itl_s", "p99"))
@@ -49,16 +50,6 @@ def bucket_step(run):
     folder = run.parent.name
     old = folder == "h200-serve" or re.search(r"-12-0[12]|-12-03[bc]?$", folder)
     return 0 if old or run.name.endswith("-pow2") else 32
-
-
-def with_keys(base_text, keys):
-    """The calibration text with each key's line replaced (or appended; None removes it)."""
-    text = base_text
-    for key, value in keys.items():
-        pattern = re.compile(rf"^{re.escape(key)}\s*=.*$", re.M)
-        line = "" if value is None else f"{key} = {value}"
-        text = pattern.sub(line, text) if pattern.search(text) else text + line + "\n"
-    return text
 
 
 def simulate(duet, traces, run, cal_file, out_dir):
@@ -99,15 +90,11 @@ def main():
     ap.add_argument("--score-steps", action="store_true",
                     help="the RMS also counts the mean prefill and decode step of every run")
     args = ap.parse_args()
-    axes = []
-    for g in args.grid:
-        key, _, values = g.partition("=")
-        axes.append([(key, None if v.strip() == "-" else v.strip()) for v in values.split(",,")])
     base = pathlib.Path(args.base).read_text()
     rows = []
     with tempfile.TemporaryDirectory() as tmp, \
             concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        for i, point in enumerate(itertools.product(*axes) if axes else [()]):
+        for i, point in enumerate(grid_points(args.grid)):
             keys = dict(point)
             cal = pathlib.Path(tmp) / f"point{i}.toml"
             cal.write_text(with_keys(base, keys))

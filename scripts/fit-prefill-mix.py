@@ -18,27 +18,17 @@ print as a table of measured and priced milliseconds per share.
 """
 import argparse
 import concurrent.futures
-import itertools
 import json
 import os
 import pathlib
-import re
 import subprocess
 import sys
 import tempfile
 
+from calibration_grid import grid_points, with_keys
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MISS = 0.10
-
-
-def with_keys(base_text, keys):
-    """The calibration text with each key's line replaced (or appended; None removes it)."""
-    text = base_text
-    for key, value in keys.items():
-        pattern = re.compile(rf"^{re.escape(key)}\s*=.*$", re.M)
-        line = "" if value is None else f"{key} = {value}"
-        text = pattern.sub(line, text) if pattern.search(text) else text + line + "\n"
-    return text
 
 
 def measured_runs(folder):
@@ -81,12 +71,8 @@ def main():
     ap.add_argument("--detail", action="store_true", help="print the best point's rows")
     args = ap.parse_args()
     runs = measured_runs(args.measured)
-    axes = []
-    for g in args.grid:
-        key, _, values = g.partition("=")
-        axes.append([(key, None if v.strip() == "-" else v.strip()) for v in values.split(",,")])
     base = pathlib.Path(args.base).read_text()
-    points = list(itertools.product(*axes)) if axes else [()]
+    points = grid_points(args.grid)
     results = []
     with tempfile.TemporaryDirectory() as tmp, concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         def evaluate(i, point):
