@@ -15,18 +15,8 @@ BUILD=${GPU_BUILD:-build-gpu}
 CKPT=$PWD/$BUILD/r1-distill-llama-8b-random
 STEPS=${BENCH_ENGINE_STEPS:-64}
 
-if [ ! -x "$BUILD/duet" ]; then
-  echo "=== build ($(date +%T))"
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDUET_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-    >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-  cmake --build "$BUILD" -j"$(nproc)" --target duet >"$OUT/build.log" 2>&1 ||
-    { grep -B2 -A8 -E 'error|FAILED' "$OUT/build.log" | head -80; exit 1; }
-  echo "--- built in ${SECONDS}s"
-fi
-if [ ! -f "$CKPT/config.json" ]; then
-  echo "=== checkpoint ($(date +%T))"
-  "$BUILD/duet" model random --preset r1-distill-llama-8b --out "$CKPT" >/dev/null || exit 1
-fi
+gpu_build_duet "$BUILD"
+gpu_random_checkpoint "$BUILD" "$CKPT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv
 
 echo "=== context 1K ($(date +%T))"

@@ -20,18 +20,8 @@ SHARES=${PREFILL_MIX_SHARES:-1 0.7 0.6 0.5}
 REPEATS=${PREFILL_MIX_REPEATS:-10}
 MIXES=${PREFILL_MIX_ROWS:-1x1024,1x768,1x512,1x256,1x128,1x64,1x1024@1024,1x1024@2048,1x1024@3072,1x1024@6144,1x512@1024,1x512@3072,2x512,4x256,8x128,16x64,1x512@512+2x256,1x256@2048+3x256}
 
-if [ ! -x "$BUILD/duet" ]; then
-  echo "=== build ($(date +%T))"
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDUET_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-    >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-  cmake --build "$BUILD" -j"$(nproc)" --target duet >"$OUT/build.log" 2>&1 ||
-    { grep -B2 -A8 -E 'error|FAILED' "$OUT/build.log" | head -80; exit 1; }
-  echo "--- built in ${SECONDS}s"
-fi
-if [ ! -f "$CKPT/config.json" ]; then
-  echo "=== checkpoint ($(date +%T))"
-  "$BUILD/duet" model random --preset r1-distill-llama-8b --out "$CKPT" >/dev/null || exit 1
-fi
+gpu_build_duet "$BUILD"
+gpu_random_checkpoint "$BUILD" "$CKPT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv
 
 for share in $SHARES; do
