@@ -734,6 +734,16 @@ deployment_config one_gpu_own_streams() {
   return config;
 }
 
+/// one_gpu_own_streams with the SMs split by green contexts: 60 % prefill, 40 % decode.
+deployment_config one_gpu_split_60_40() {
+  auto config = one_gpu_own_streams();
+  for (auto& a : config.nodes[0].actors) {
+    if (a.role == actor_role::prefill) a.sm_share = 0.6;
+    if (a.role == actor_role::decode) a.sm_share = 0.4;
+  }
+  return config;
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -857,11 +867,7 @@ TEST_CASE(
 TEST_CASE(
     "on a split GPU a decode step runs split_decode_slowdown times as long while the other "
     "share's prefill step is in flight, and only then") {
-  auto config = one_gpu_own_streams();
-  for (auto& a : config.nodes[0].actors) {
-    if (a.role == actor_role::prefill) a.sm_share = 0.6;
-    if (a.role == actor_role::decode) a.sm_share = 0.4;
-  }
+  const auto config = one_gpu_split_60_40();
   const auto split = deployment_from_config(config);
   REQUIRE(split.workers.size() == 2);
   for (const auto& w : split.workers) CHECK(w.sm_share < 1.0);
@@ -909,11 +915,7 @@ TEST_CASE(
 TEST_CASE(
     "on a split GPU a prefill step runs split_prefill_slowdown times as long while the other "
     "share's decode step is in flight, and only then") {
-  auto config = one_gpu_own_streams();
-  for (auto& a : config.nodes[0].actors) {
-    if (a.role == actor_role::prefill) a.sm_share = 0.6;
-    if (a.role == actor_role::decode) a.sm_share = 0.4;
-  }
+  const auto config = one_gpu_split_60_40();
   const auto split = deployment_from_config(config);
   // Prompts of 4,000 tokens twice a second, each decoding 200 tokens: the decode share is busy
   // most of the time, not all of it (the first request's chunks run beside nothing).
