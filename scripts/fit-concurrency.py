@@ -25,34 +25,15 @@ import concurrent.futures
 import json
 import os
 import pathlib
-import re
 import subprocess
 import sys
 import tempfile
 
 from calibration_grid import grid_points, with_keys
+from serve_runs import bucket_step, window
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIGURES = (("ttft_s", "p50"), ("ttft_s", "p99"), ("itl_s", "p50"), ("itl_s", "p99"))
-
-
-def window(name):
-    """The trace, start, duration and rate scale of a run (as in scripts/resim-serve.sh)."""
-    for prefix, w in (("conv5-", "conv 0 300 5"), ("conv45-", "conv 0 240 4.5"),
-                      ("conv4-", "conv 0 240 4"), ("conv3long-", "conv 0 540 3"),
-                      ("conv3-", "conv 0 180 3"), ("code1-", "code 180 60 1"),
-                      ("code-", "code 180 60 0.7")):
-        if name.startswith(prefix):
-            return w.split()
-    raise SystemExit(f"fit-concurrency: no trace window known for run '{name}'")
-
-
-def bucket_step(run):
-    """The decode graph step the run's engine had (as in scripts/resim-serve.sh): every 32
-    rows from the 12-03d runs on, powers of two (0) before them and in runs named -pow2."""
-    folder = run.parent.name
-    old = folder == "h200-serve" or re.search(r"-12-0[12]|-12-03[bc]?$", folder)
-    return 0 if old or run.name.endswith("-pow2") else 32
 
 
 def simulate(duet, traces, run, cal_file, out_dir, spread=0.0):
