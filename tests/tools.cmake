@@ -12,3 +12,10 @@ if(EXISTS /usr/bin/python3)
            COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/tools/check_fit_prefill_mix.py ${PROJECT_SOURCE_DIR} $<TARGET_FILE:duet>)
   set_tests_properties(fit_prefill_mix PROPERTIES TIMEOUT 120)
 endif()
+
+# scripts/repeat-spread.py on the stored H200 serving runs: which runs it pairs, and their cells.
+if(EXISTS /usr/bin/python3)
+  add_test(NAME repeat_spread
+           COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/tools/check_repeat_spread.py ${PROJECT_SOURCE_DIR})
+  set_tests_properties(repeat_spread PROPERTIES TIMEOUT 60)
+endif()
