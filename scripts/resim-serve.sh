@@ -28,19 +28,8 @@ SPREAD=${RESIM_SPREAD:-0}
 mkdir -p "$OUT"
 for toml in "$DATA"/*.toml; do
   name=$(basename "$toml" .toml)
-  case $name in  # the trace window and rate of each run (scripts/gpu-serve.sh)
-    conv5-*) w="conv 0 300 5" ;;
-    conv45-*) w="conv 0 240 4.5" ;;
-    conv4-*) w="conv 0 240 4" ;;
-    conv3-*-42s) w="conv 0 126 3" ;;
-    conv3-*) w="conv 0 180 3" ;;
-    conv3long-*) w="conv 0 540 3" ;;
-    conv-1p1d) w="conv 0 180 6" ;;
-    conv-*) w="conv 0 180 3" ;;
-    code1-*) w="code 180 60 1" ;;
-    code-1p1d) w="code 180 60 1.4" ;;
-    code-*) w="code 180 60 0.7" ;;
-  esac
+  # The trace window and rate, and the engine settings it ran with (scripts/serve_runs.py).
+  w=$(python3 scripts/serve_runs.py "$DATA/$name")
   set -- $w
   # The 11-29 runs predate on-demand KV: their decode workers reserved prompt + max_tokens up front.
   if [ "$DATA" = docs/data/h200-serve ]; then
@@ -48,16 +37,7 @@ for toml in "$DATA"/*.toml; do
   else
     cp "$toml" "$OUT/$name.toml"
   fi
-  # Runs named -sync ran with DUET_PREFILL_THREAD=0 (prefill steps on the actor's thread), which
-  # the simulator reads as the workers do.
-  thread=1
-  case $name in *-sync) thread=0 ;; esac
-  # Decode graphs: every 32 rows from the 12-03d runs on, powers of two before them and in runs
-  # named -pow2 (DUET_DECODE_BUCKET_STEP, which the simulator reads as the engine does).
-  buckets=32
-  case $DATA in *h200-serve|*-12-01*|*-12-02*|*-12-03|*-12-03b|*-12-03c) buckets=0 ;; esac
-  case $name in *-pow2) buckets=0 ;; esac
-  DUET_DECODE_BUCKET_STEP=$buckets DUET_PREFILL_THREAD=$thread "$DUET" sim --config "$OUT/$name.toml" --trace "$TRACES/AzureLLMInferenceTrace_$1_2023.csv" --start "$2" \
+  DUET_DECODE_BUCKET_STEP=$5 DUET_PREFILL_THREAD=$6 "$DUET" sim --config "$OUT/$name.toml" --trace "$TRACES/AzureLLMInferenceTrace_$1_2023.csv" --start "$2" \
     --duration "$3" --rate-scale "$4" --slo ttft=2s,tpot=50ms --calibration "$CAL" \
     --speed-spread "$SPREAD" --out "$OUT/$name" >"$OUT/$name.log"
 done

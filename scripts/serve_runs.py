@@ -1,15 +1,26 @@
-"""What a stored H200 serving run (docs/data/h200-serve*/NAME.{toml,json}) replayed, as
-scripts/resim-serve.sh reads it: for scripts/fit-concurrency.py and scripts/repeat-spread.py."""
+"""What a stored H200 serving run (docs/data/h200-serve*/NAME.{toml,json}) replayed: its trace
+window and the engine settings the simulator must be given to price it as it ran. The one
+place that knows; scripts/resim-serve.sh, fit-concurrency.py and repeat-spread.py read it.
+
+  python3 scripts/serve_runs.py docs/data/h200-serve-2026-12-03d/conv4-pd-streams-b256
+  -> conv 0 240 4 32 1   (trace, start s, duration s, rate scale, decode bucket step, prefill thread)
+"""
+import pathlib
 import re
+import sys
+
+# Name patterns, the first that matches wins, and the window (trace start duration rate) of
+# each (scripts/gpu-serve.sh's runs).
+WINDOWS = ((r"conv5-", "conv 0 300 5"), (r"conv45-", "conv 0 240 4.5"), (r"conv4-", "conv 0 240 4"),
+           (r"conv3-.*-42s$", "conv 0 126 3"), (r"conv3-", "conv 0 180 3"),
+           (r"conv3long-", "conv 0 540 3"), (r"conv-1p1d$", "conv 0 180 6"), (r"conv-", "conv 0 180 3"),
+           (r"code1-", "code 180 60 1"), (r"code-1p1d$", "code 180 60 1.4"), (r"code-", "code 180 60 0.7"))
 
 
 def window(name):
-    """The trace, start, duration and rate scale of a run, from its name's prefix."""
-    for prefix, w in (("conv5-", "conv 0 300 5"), ("conv45-", "conv 0 240 4.5"),
-                      ("conv4-", "conv 0 240 4"), ("conv3long-", "conv 0 540 3"),
-                      ("conv3-", "conv 0 180 3"), ("code1-", "code 180 60 1"),
-                      ("code-", "code 180 60 0.7")):
-        if name.startswith(prefix):
+    """The trace, start, duration and rate scale of a run, from its name."""
+    for pattern, w in WINDOWS:
+        if re.match(pattern, name):
             return w.split()
     raise SystemExit(f"no trace window known for run '{name}'")
 
@@ -20,3 +31,14 @@ def bucket_step(run):
     folder = run.parent.name
     old = folder == "h200-serve" or re.search(r"-12-0[12]|-12-03[bc]?$", folder)
     return 0 if old or run.name.endswith("-pow2") else 32
+
+
+def prefill_thread(run):
+    """1, or 0 for runs named -sync: they ran with DUET_PREFILL_THREAD=0 (prefill steps on the
+    actor's thread), which the simulator reads as the workers do."""
+    return 0 if run.name.endswith("-sync") else 1
+
+
+if __name__ == "__main__":
+    run = pathlib.Path(sys.argv[1])
+    print(*window(run.name), bucket_step(run), prefill_thread(run))
