@@ -2,7 +2,8 @@
 //   decode step time (wall clock of engine.decode(), graphs on) at batch 1/8/64/256 and context
 //   1K/8K, prefill tokens/s at 2K/8K/32K (one sequence, wall clock of engine.prefill()), and the
 //   kernel rates behind them (cuBLASLt and skinny GEMM, prefill and decode attention).
-// Floors: decode = (weights read + KV read) / copy bandwidth; prefill = FLOPs / the GEMM rate
+// Floors: decode = (weights read + KV read) / copy bandwidth (measured in the run unless
+// --bandwidth gives it; the H200's is 4.28 TB/s, an H100's 3.0); prefill = FLOPs / the GEMM rate
 // measured here on the model's M=8192 shapes.
 //
 //   bench_cuda_engine MODEL_DIR OUT.json [--bandwidth TBps] [--decode-only] [--prefill-only]
@@ -104,6 +105,15 @@ double time_device(F&& fn, int warm = 2, int reps = 10) {
   return median(t);
 }
 
+/// Device-to-device copy bandwidth (reads + writes, bytes/s) of a 2 GiB buffer, as the PyTorch
+/// peer measures it (over 4 GiB): the floor of a decode step on whichever card runs the bench.
+double copy_bandwidth() {
+  const uint64_t bytes = 2ull << 30;
+  dmem from(bytes, false), to(bytes, false);
+  const double ms = time_device([&] { cudaMemcpyAsync(to.p, from.p, bytes, cudaMemcpyDeviceToDevice); }, 3, 20);
+  return 2.0 * bytes / (ms / 1e3);
+}
+
 /// One step of one shape under the profiler (see --profile-prefill): a prefill of `tokens` tokens,
 /// or a decode step of `batch` sequences of 1,024 tokens of context (graphs on, as served).
 int profile_one_step(const std::filesystem::path& dir, int tokens, int batch) {
@@ -153,6 +163,18 @@ int profile_one_step(const std::filesystem::path& dir, int tokens, int batch) {
   return 0;
 }
 
+// The pool the full decode sweep needs (B=64 at 8K context: 32,832 blocks), or on a smaller
+// card (an H100's 80 GB) what fits beside the weights; the sweep then skips what needs more.
+uint32_t fitting_pool_blocks(uint32_t wanted, uint64_t weight_bytes, uint64_t block_bytes) {
+  size_t free_bytes = 0, total = 0;
+  cuda_ok(cudaMemGetInfo(&free_bytes, &total), "memory info");
+  const uint64_t headroom = 6ull << 30;  // activations, GEMM workspaces, decode graphs
+  const uint64_t spare = free_bytes > weight_bytes + headroom ? free_bytes - weight_bytes - headroom : 0;
+  const uint64_t fits = spare / block_bytes;
+  if (fits < 64) return wanted;  // too small for any sweep: the engine reports the failed allocation
+  return static_cast<uint32_t>(std::min<uint64_t>(wanted, fits));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -164,7 +186,7 @@ int main(int argc, char** argv) {
   }
   const std::filesystem::path dir = argv[1];
   const std::string out_file = argv[2];
-  double bandwidth = 4.28e12;
+  double bandwidth = 0;  // bytes/s; 0: measured here (copy_bandwidth)
   bool decode_only = false, prefill_only = false, kernels_only = false, quick = false;
   int profile_prefill = 0, profile_decode = 0;
   for (int i = 3; i < argc; ++i) {
@@ -188,13 +210,16 @@ int main(int argc, char** argv) {
     const uint64_t weight_read = (linear_params + head_params) * 2;
     const uint64_t kv_per_token = 2 * L * c.num_key_value_heads * c.head_dim * 2;
     report["model"] = dir.string();
+    report["bandwidth_source"] = bandwidth > 0 ? "--bandwidth" : "device-to-device copy, this run";
+    if (bandwidth <= 0) bandwidth = copy_bandwidth();
     report["bandwidth_TBps"] = bandwidth / 1e12;
     report["weights_read_per_decode_step_GB"] = weight_read / 1e9;
     cudaDeviceProp prop{};
     cuda_ok(cudaGetDeviceProperties(&prop, 0), "properties");
     report["device"] = prop.name;
-    std::printf("device %s, %d SMs; %.2f GB of weights read per decode step\n", prop.name,
-                prop.multiProcessorCount, weight_read / 1e9);
+    std::printf("device %s, %d SMs; %.2f GB of weights read per decode step; floors at %.2f TB/s (%s)\n",
+                prop.name, prop.multiProcessorCount, weight_read / 1e9, bandwidth / 1e12,
+                report["bandwidth_source"].get<std::string>().c_str());
 
     // ------------------------------------------------------------------ kernel rates
     json kr;
@@ -445,7 +470,8 @@ int main(int argc, char** argv) {
     params.prefill_tokens = 8192;
     params.block_tokens = 16;
     params.max_context = 32768 + 64;
-    params.kv_blocks = quick ? 4200 : 33000;
+    const uint64_t weight_bytes = weight_read + (c.tie_word_embeddings ? 0 : head_params * 2);
+    params.kv_blocks = fitting_pool_blocks(quick ? 4200 : 33000, weight_bytes, kv_per_token * params.block_tokens);
     double t0 = now_ms();
     cuda_engine engine(dir, params);
     report["load_s"] = (now_ms() - t0) / 1e3;
