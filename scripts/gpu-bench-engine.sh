@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `duet bench engine` with the CUDA engine on the GPU machine (docs/benchmarks.md, "Engine
 # benchmark"): prefill throughput at 2K, 8K and 32K tokens and decode step time at context 1K
-# (batch 1 to 256) and 8K (batch 1 to 64: 128 x 8K of KV does not fit beside the weights), on an
+# (batch 1 to 256) and 8K (batch 1 to 64: 128 x 8K of KV does not fit beside the weights on an
+# H200; BENCH_ENGINE_BATCH_8K=1,8,32 on an H100), on an
 # R1-Distill-Llama-8B-shaped random checkpoint. Every row's sequences are checked to agree first
 # (an untimed greedy pass with logprobs). Writes $OUT/bench-engine-ctx1k.json, -ctx8k.json and
 # bench-engine.log. Needs .devdeps/ (scripts/gpu-env.sh). Device call:
@@ -14,6 +15,7 @@ source scripts/gpu-env.sh
 BUILD=${GPU_BUILD:-build-gpu}
 CKPT=$PWD/$BUILD/r1-distill-llama-8b-random
 STEPS=${BENCH_ENGINE_STEPS:-64}
+BATCH_8K=${BENCH_ENGINE_BATCH_8K:-1,8,64}  # an H100 (80 GB) holds 32 x 8K of KV, not 64
 
 gpu_build_duet "$BUILD"
 gpu_random_checkpoint "$BUILD" "$CKPT"
@@ -24,5 +26,5 @@ echo "=== context 1K ($(date +%T))"
   --batch 1,8,64,128,256 --context 1024 --steps "$STEPS" --json "$OUT/bench-engine-ctx1k.json"
 echo "=== context 8K ($(date +%T))"
 "$BUILD/duet" bench engine --engine cuda --model "$CKPT" --prefill 2048 \
-  --batch 1,8,64 --context 8192 --steps "$STEPS" --json "$OUT/bench-engine-ctx8k.json"
+  --batch "$BATCH_8K" --context 8192 --steps "$STEPS" --json "$OUT/bench-engine-ctx8k.json"
 echo "=== done ($(date +%T))"

@@ -57,6 +57,11 @@ TRACES=${DUET_TRACES:-$PWD/.devdata}
 CAL=$PWD/config/calibration-duet/h200-cuda-engine.toml
 SLO=ttft=2s,tpot=50ms
 ENGINE=${GPU_SERVE_ENGINE:-cuda}  # sim: a dry run of the stages without a GPU (the sim engine at time_scale 1)
+# The card the deployments name (engine.gpu: the simulator's spec) and the KV pools of the
+# prefill and decode workers, in blocks: 8,192 + 32,768 (86 GB) fit beside the weights on an
+# H200's 141 GB, not on an H100's 80 (GPU_SERVE_GPU=h100 GPU_SERVE_KV_BLOCKS="4096 22528").
+GPU_NAME=${GPU_SERVE_GPU:-h200}
+read -r PREFILL_BLOCKS DECODE_BLOCKS <<<"${GPU_SERVE_KV_BLOCKS:-8192 32768}"
 MAX_CONTEXT=16384  # model.max_context of every deployment: bench serve clips to it, so locust must too
 RUNS=$OUT/serve    # run folders (stage fidelity: $FID_RUNS, packed into $OUT)
 # Trace windows (seconds of the trace) and rate scales: near the one-GPU engine's saturation
@@ -81,6 +86,12 @@ has() { [[ ",$STAGES," == *",$1,"* ]]; }
 source "$(dirname "$0")/gpu-env.sh"
 GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv,noheader || true
+CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+if [ "$ENGINE" = cuda ] && [[ ${CARD^^} != *"${GPU_NAME^^}"* ]]; then
+  # The simulator beside each run would price another card's engine.
+  echo "the card is '$CARD' and the deployments name $GPU_NAME: set GPU_SERVE_GPU (and GPU_SERVE_KV_BLOCKS)"
+  exit 3
+fi
 echo "stages $STAGES; $GPUS GPU(s); $(nproc) cores"
 
 locust_install() {  # a venv holding locust, offline from .devwheels (scripts/fetch-wheels.sh)
@@ -154,7 +165,7 @@ block_tokens = 16
 
 [engine]
 kind = "$ENGINE"
-gpu = "h200"
+gpu = "$GPU_NAME"
 
 [router]
 queue_limit = 8192
@@ -181,7 +192,7 @@ role = "broker"
 name = "prefill0"
 role = "prefill"
 device = 0
-kv_blocks = 8192
+kv_blocks = $PREFILL_BLOCKS
 max_batch = 16
 chunk_tokens = $chunk
 $pre
@@ -190,7 +201,7 @@ $dnode
 name = "decode0"
 role = "decode"
 device = $ddev
-kv_blocks = 32768
+kv_blocks = $DECODE_BLOCKS
 max_batch = $dbatch
 $dec
 EOF
