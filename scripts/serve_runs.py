@@ -1,4 +1,4 @@
-"""What a stored H200 serving run (docs/data/h200-serve*/NAME.{toml,json}) replayed: its trace
+"""What a stored serving run (docs/data/h200-serve*/ or h100-serve*/NAME.{toml,json}) replayed: its trace
 window and the engine settings the simulator must be given to price it as it ran. The one
 place that knows; scripts/resim-serve.sh, fit-concurrency.py and repeat-spread.py read it.
 
@@ -14,7 +14,7 @@ import sys
 WINDOWS = ((r"conv5-", "conv 0 300 5"), (r"conv45-", "conv 0 240 4.5"), (r"conv4-", "conv 0 240 4"),
            (r"conv3-.*-42s$", "conv 0 126 3"), (r"conv3-", "conv 0 180 3"),
            (r"conv3long-", "conv 0 540 3"), (r"conv-1p1d$", "conv 0 180 6"), (r"conv-", "conv 0 180 3"),
-           (r"code1-", "code 180 60 1"), (r"code-1p1d$", "code 180 60 1.4"), (r"code-", "code 180 60 0.7"))
+           (r"code1-", "code 180 60 1"), (r"code07-", "code 180 60 0.7"), (r"code-1p1d$", "code 180 60 1.4"), (r"code-", "code 180 60 0.7"))
 
 
 def window(name):
