@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/repeat-spread.py on the stored H200 serving runs: it pairs the runs that replayed one
+"""scripts/repeat-spread.py on the stored serving runs: it pairs the runs that replayed one
 deployment (same TOML, window and decode graphs) and no others, and each cell is the second
 run's figure against the first's, read here from the runs' JSON. Exits non-zero on a mismatch.
 
@@ -56,4 +56,10 @@ largest = next((line for line in out.stdout.splitlines() if line.startswith("| l
 cells = [abs(int(c.split()[0])) for r in rows.values() for c in r[1:2] if c != "–"]
 expect(f"the largest TTFT P99 difference is the largest cell ({max(cells, default=-1)} %)",
        largest.split("|")[4].strip() == f"{max(cells, default=-1)} %")
+# The same deployment on an H100 (engine.gpu and pools differ) is another card, not a repeat.
+h100 = data / "h100-serve-2026-12-05"
+both = subprocess.run([sys.executable, str(root / "scripts/repeat-spread.py"), str(data / "h200-serve-2026-12-04"),
+                       str(h100)], capture_output=True, text=True)
+expect("repeat-spread.py reads the H100 runs (code07-: code 180-240 s at x0.7)", both.returncode == 0)
+expect("no H100 run is paired with an H200 run", "h100-serve" not in both.stdout)
 sys.exit(1 if failures else 0)
