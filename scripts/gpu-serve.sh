@@ -57,11 +57,17 @@ TRACES=${DUET_TRACES:-$PWD/.devdata}
 CAL=$PWD/config/calibration-duet/h200-cuda-engine.toml
 SLO=ttft=2s,tpot=50ms
 ENGINE=${GPU_SERVE_ENGINE:-cuda}  # sim: a dry run of the stages without a GPU (the sim engine at time_scale 1)
-# The card the deployments name (engine.gpu: the simulator's spec) and the KV pools of the
-# prefill and decode workers, in blocks: 8,192 + 32,768 (86 GB) fit beside the weights on an
-# H200's 141 GB, not on an H100's 80 (GPU_SERVE_GPU=h100 GPU_SERVE_KV_BLOCKS="4096 22528").
-GPU_NAME=${GPU_SERVE_GPU:-h200}
-read -r PREFILL_BLOCKS DECODE_BLOCKS <<<"${GPU_SERVE_KV_BLOCKS:-8192 32768}"
+# The card the deployments name (engine.gpu: the simulator's spec), the KV pools of the prefill
+# and decode workers (in blocks) and the matrix's calibration: the card's own, read from
+# nvidia-smi. The H200's 8,192 + 32,768 blocks (86 GB) do not fit beside the weights on an H100's
+# 80 GB. GPU_SERVE_GPU (h200 or h100), GPU_SERVE_KV_BLOCKS and GPU_SERVE_CAL override them.
+CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+case ${GPU_SERVE_GPU:-${CARD^^}} in
+  h100 | *H100*) GPU_NAME=h100 KV_DEFAULT="4096 22528" CAL_DEFAULT=h100-cuda-engine-2026-12-05b.toml ;;
+  h200 | *H200* | "") GPU_NAME=h200 KV_DEFAULT="8192 32768" CAL_DEFAULT=h200-cuda-engine-2026-12-05b.toml ;;
+  *) echo "no deployment defaults for the card '${GPU_SERVE_GPU:-$CARD}' (GPU_SERVE_GPU: h200 or h100)"; exit 3 ;;
+esac
+read -r PREFILL_BLOCKS DECODE_BLOCKS <<<"${GPU_SERVE_KV_BLOCKS:-$KV_DEFAULT}"
 MAX_CONTEXT=16384  # model.max_context of every deployment: bench serve clips to it, so locust must too
 RUNS=$OUT/serve    # run folders (stage fidelity: $FID_RUNS, packed into $OUT)
 # Trace windows (seconds of the trace) and rate scales: near the one-GPU engine's saturation
@@ -78,7 +84,7 @@ CONV_FID=${GPU_SERVE_FID_WINDOW:-$CONV}  # "TRACE START DURATION RATE"
 CAL_FID=$PWD/config/calibration-duet/h200-cuda-engine-2026-12-01.toml
 DEADLINE=${GPU_SERVE_DEADLINE:-540}
 # Stage matrix: the newest calibration and the runs, in order of priority.
-CAL_MATRIX=${GPU_SERVE_CAL:-$PWD/config/calibration-duet/h200-cuda-engine-2026-12-05b.toml}
+CAL_MATRIX=${GPU_SERVE_CAL:-$PWD/config/calibration-duet/$CAL_DEFAULT}
 MATRIX=${GPU_SERVE_MATRIX:-"code1-pd-streams streams $CODE_HIGH;code1-colocated colocated $CODE_HIGH;code1-pd-green70 green:0.7 $CODE_HIGH;conv5-pd-streams streams $CONV_HIGH;conv5-colocated colocated $CONV_HIGH"}
 FID_RUNS=/tmp/duet-fidelity/fidelity
 LOCUST_VENV=/tmp/duet-locust
@@ -86,10 +92,9 @@ has() { [[ ",$STAGES," == *",$1,"* ]]; }
 source "$(dirname "$0")/gpu-env.sh"
 GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv,noheader || true
-CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 if [ "$ENGINE" = cuda ] && [[ ${CARD^^} != *"${GPU_NAME^^}"* ]]; then
   # The simulator beside each run would price another card's engine.
-  echo "the card is '$CARD' and the deployments name $GPU_NAME: set GPU_SERVE_GPU (and GPU_SERVE_KV_BLOCKS)"
+  echo "the card is '$CARD' and the deployments name $GPU_NAME: set GPU_SERVE_GPU to the card"
   exit 3
 fi
 echo "stages $STAGES; $GPUS GPU(s); $(nproc) cores"
