@@ -1415,8 +1415,14 @@ std::shared_ptr<void> device_allocation(int device, uint64_t bytes, uint32_t blo
   const cudaError_t err = cudaMalloc(&ptr, bytes);
   if (err != cudaSuccess) {
     cudaGetLastError();
-    throw std::runtime_error("cuda_engine: cannot allocate a KV pool of " + std::to_string(blocks) + " blocks (" +
-                             std::to_string(bytes) + " bytes): " + cudaGetErrorString(err));
+    size_t free_bytes = 0, total = 0;
+    cudaMemGetInfo(&free_bytes, &total);
+    char sizes[128];
+    std::snprintf(sizes, sizeof sizes, " (%.1f GB; %.1f GB of %.1f free): ", bytes / 1e9, free_bytes / 1e9,
+                  total / 1e9);
+    throw std::runtime_error("cuda_engine: cannot allocate a KV pool of " + std::to_string(blocks) + " blocks" +
+                             sizes + cudaGetErrorString(err) +
+                             "; lower kv_blocks, or size the pool with kv_memory_fraction");
   }
   // Zeroed once: prefill attention's TMA variant copies whole blocks, and the slots past a
   // sequence's length, multiplied by probability 0, must hold finite values.
