@@ -392,11 +392,20 @@ void parse_sampling(const json& body, api_request& r) {
   }
 }
 
+/// OpenAI's two names for the limit, and `max_new_tokens` (the field the user's field notes
+/// and the ZeroMQ protocol use). Any of them may be sent; several must agree.
 void parse_max_tokens(const json& body, api_request& r) {
-  const char* key = field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-  if (auto v = get_integer(body, key)) {
+  for (const char* key : {"max_tokens", "max_completion_tokens", "max_new_tokens"}) {
+    auto v = get_integer(body, key);
+    if (!v) continue;
     if (*v < 1) fail("'" + std::string(key) + "' must be at least 1, got " + std::to_string(*v), key);
     if (*v > std::numeric_limits<uint32_t>::max()) fail("'" + std::string(key) + "' is too large", key);
+    if (r.max_tokens && *r.max_tokens != *v) {
+      fail("'" + r.max_tokens_param + "' (" + std::to_string(*r.max_tokens) + ") and '" + key + "' (" +
+               std::to_string(*v) + ") disagree: send one of them",
+           key);
+    }
+    if (!r.max_tokens) r.max_tokens_param = key;
     r.max_tokens = static_cast<uint32_t>(*v);
   }
 }
@@ -697,7 +706,9 @@ std::variant<uint32_t, api_error> resolve_max_tokens(const api_request& request,
   const uint64_t room = prompt_fits ? max_context - prompt_tokens : 0;
   if (request.max_tokens) {
     const uint64_t wanted = *request.max_tokens;
-    const char* param = request.kind == api_kind::chat ? "max_completion_tokens" : "max_tokens";
+    const std::string param = !request.max_tokens_param.empty()     ? request.max_tokens_param
+                              : request.kind == api_kind::chat ? "max_completion_tokens"
+                                                               : "max_tokens";
     if (prompt_fits && wanted > room) {
       api_error e = bad_request("This model's maximum context length is " + std::to_string(max_context) +
                                     " tokens. However, you requested " + std::to_string(prompt_tokens + wanted) +
@@ -708,7 +719,7 @@ std::variant<uint32_t, api_error> resolve_max_tokens(const api_request& request,
       return e;
     }
     if (wanted > max_new_tokens_limit) {
-      return bad_request("'" + std::string(param) + "' must be at most " + std::to_string(max_new_tokens_limit), param);
+      return bad_request("'" + param + "' must be at most " + std::to_string(max_new_tokens_limit), param);
     }
     return static_cast<uint32_t>(wanted);
   }

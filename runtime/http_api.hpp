@@ -185,7 +185,8 @@ struct api_request {
   std::vector<int32_t> prompt_tokens;  // completion: token ids given by the client
   bool prompt_is_tokens = false;
   std::vector<chat_message> messages;  // chat
-  std::optional<uint32_t> max_tokens;  // max_tokens or max_completion_tokens
+  std::optional<uint32_t> max_tokens;  // max_tokens, max_completion_tokens or max_new_tokens
+  std::string max_tokens_param;        // which of them the client sent (errors name it)
   msg::sampling_params sampling;
   std::vector<std::string> stop;
   bool stream = false;

@@ -166,6 +166,32 @@ TEST_SUITE("http request parsing") {
     CHECK(e.message.find("at least 1") != std::string::npos);
   }
 
+  TEST_CASE("max_new_tokens is accepted beside OpenAI's two names; names that disagree are a 400") {
+    auto r = completion(R"(,"max_new_tokens":5,"temperature":0)");
+    CHECK(r.max_tokens == 5u);
+    CHECK(r.max_tokens_param == "max_new_tokens");
+    auto same = completion(R"(,"max_tokens":6,"max_new_tokens":6)");
+    CHECK(same.max_tokens == 6u);
+    CHECK(same.max_tokens_param == "max_tokens");
+    auto chat = parse_ok(api_kind::chat, R"({"messages":[{"role":"user","content":"hi"}],"max_new_tokens":7})");
+    CHECK(chat.max_tokens == 7u);
+    auto e = completion_err(R"(,"max_tokens":6,"max_new_tokens":9)");
+    CHECK(e.status == 400);
+    CHECK(e.param == "max_new_tokens");
+    CHECK(e.message.find("disagree") != std::string::npos);
+    auto c = parse_err(api_kind::chat, R"({"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":3,"max_tokens":4})");
+    CHECK(c.param == "max_completion_tokens");
+    auto neg = completion_err(R"(,"max_new_tokens":0)");
+    CHECK(neg.param == "max_new_tokens");
+  }
+
+  TEST_CASE("a max_new_tokens over the context names max_new_tokens in the error") {
+    auto r = completion(R"(,"max_new_tokens":950)");
+    auto e = std::get<api_error>(duet::resolve_max_tokens(r, 100, 1000, 16, 5000));
+    CHECK(e.code == "context_length_exceeded");
+    CHECK(e.param == "max_new_tokens");
+  }
+
   TEST_CASE("batched prompts are refused: one prompt per request") {
     auto e = parse_err(api_kind::completion, R"({"prompt":["a","b"]})");
     CHECK(e.status == 400);

@@ -204,6 +204,17 @@ def test_completion_accepts_token_ids(client):
     assert r.usage.completion_tokens == 3
 
 
+def test_completion_takes_max_new_tokens_the_field_notes_name(client):
+    r = client.completions.create(model=MODEL, prompt="Hello", temperature=0,
+                                  extra_body={"max_new_tokens": 6})
+    assert r.usage.completion_tokens == 6
+    assert r.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, extra_body={"max_new_tokens": 5})
+    assert e.value.body["param"] == "max_new_tokens"
+    assert "disagree" in e.value.body["message"]
+
+
 def test_every_documented_parameter_is_accepted(client):
     r = client.completions.create(model=MODEL, prompt="params", max_tokens=4, temperature=0.7, top_p=0.9,
                                   seed=7, presence_penalty=0.1, frequency_penalty=0.2, stop=["\n\n"], user="u",
