@@ -19,3 +19,11 @@ if(EXISTS /usr/bin/python3)
            COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/tools/check_repeat_spread.py ${PROJECT_SOURCE_DIR})
   set_tests_properties(repeat_spread PROPERTIES TIMEOUT 60)
 endif()
+
+# The H100 serving-fidelity figures of docs/benchmarks.md, recomputed from the stored runs
+# (skipped without the Azure traces in ../shared/traces).
+if(EXISTS /usr/bin/python3)
+  add_test(NAME h100_fidelity
+           COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/tools/check_h100_fidelity.py ${PROJECT_SOURCE_DIR} $<TARGET_FILE:duet>)
+  set_tests_properties(h100_fidelity PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
+endif()
