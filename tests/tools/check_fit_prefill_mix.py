@@ -11,18 +11,14 @@ import re
 import subprocess
 import sys
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from expectations import expect, finish  # noqa: E402
+
 root = pathlib.Path(sys.argv[1])
 duet = sys.argv[2]
 measured = root / "docs/data/h200-prefill-mix-2026-12-05"
 fitted = root / "config/calibration-duet/h200-cuda-engine-2026-12-05.toml"
 busy = root / "config/calibration-duet/h200-cuda-engine-2026-12-04b.toml"
-failures = []
-
-
-def expect(what, ok):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
 
 
 def fit(base, *extra):
@@ -58,5 +54,4 @@ rows, _ = fit(fitted, "--grid",
 expect("two grid points", len(rows) == 2)
 expect("the fitted split_compute ranks first", rows and "1.29" in rows[0][0] and rows[0][3] < rows[-1][3])
 
-print(f"{len(failures)} failure(s)")
-sys.exit(1 if failures else 0)
+finish()

@@ -12,6 +12,9 @@ import re
 import subprocess
 import sys
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from expectations import expect, finish  # noqa: E402
+
 root, duet = pathlib.Path(sys.argv[1]), sys.argv[2]
 traces = root.parent / "shared/traces"
 if not (traces / "AzureLLMInferenceTrace_conv_2023.csv").exists():
@@ -19,13 +22,6 @@ if not (traces / "AzureLLMInferenceTrace_conv_2023.csv").exists():
     sys.exit(77)
 data = root / "docs/data"
 cal = root / "config/calibration-duet"
-failures = []
-
-
-def expect(what, ok):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
 
 
 def runs(*folders, reps=False):
@@ -73,4 +69,4 @@ over_c, outside_c, detail_c = score("h100-cuda-engine-2026-12-05c.toml", runs("h
 expect(f"the two colocated runs miss 3 of 8, all outside the band (got {over_c}, {outside_c})", (over_c, outside_c) == (3, 3))
 expect("their ITL figures are within 6 %",
        len(detail_c) == 2 and all(abs(d[k]) <= 6 for d in detail_c.values() for k in ("itl p50", "itl p99")))
-sys.exit(1 if failures else 0)
+finish()

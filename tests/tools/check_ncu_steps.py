@@ -12,19 +12,12 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from expectations import expect, finish  # noqa: E402
+
 root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".")
 fixture = root / "tests/data/ncu/ncu-decode1.csv"
 script = root / "scripts/ncu_steps.py"
-failures = []
-checks = 0
-
-
-def expect(what, ok):
-    global checks
-    checks += 1
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
 
 
 out = subprocess.run([sys.executable, str(script), "--layers", "2", str(fixture)], capture_output=True, text=True)
@@ -54,5 +47,4 @@ with tempfile.TemporaryDirectory() as d:
     bad = subprocess.run([sys.executable, str(script), str(odd)], capture_output=True, text=True)
     expect("unknown unit refused", bad.returncode != 0 and "unknown time unit" in (bad.stderr + bad.stdout))
 
-print(f"{checks - len(failures)} passed, {len(failures)} failed")
-sys.exit(1 if failures else 0)
+finish()

@@ -11,16 +11,12 @@ import re
 import subprocess
 import sys
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from expectations import expect, finish  # noqa: E402
+
 root = pathlib.Path(sys.argv[1])
 data = root / "docs/data"
 folders = [data / f"h200-serve-2026-12-{d}" for d in ("03c", "03d", "03e", "03g", "04", "04b", "04c")]
-failures = []
-
-
-def expect(what, ok):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
 
 
 out = subprocess.run([sys.executable, str(root / "scripts/repeat-spread.py"), *map(str, folders)],
@@ -62,4 +58,4 @@ both = subprocess.run([sys.executable, str(root / "scripts/repeat-spread.py"), s
                        str(h100)], capture_output=True, text=True)
 expect("repeat-spread.py reads the H100 runs (code07-: code 180-240 s at x0.7)", both.returncode == 0)
 expect("no H100 run is paired with an H200 run", "h100-serve" not in both.stdout)
-sys.exit(1 if failures else 0)
+finish()
