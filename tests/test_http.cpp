@@ -4,6 +4,8 @@
 // tests/http/test_openai_api.py with the official openai SDK.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <random>
 #include <string>
 #include <variant>
 #include <vector>
@@ -668,5 +670,92 @@ TEST_SUITE("http chat template and settings") {
 
   TEST_CASE("the sim engine gets the byte codec") {
     CHECK(duet::make_text_codec(duet::default_config())->name() == "bytes");
+  }
+}
+
+// ------------------------------------------------------------------ mutated bodies
+
+namespace {
+
+/// A value of some JSON type, often one a field does not take: what a careless or hostile
+/// client sends.
+json odd_value(std::mt19937& rng) {
+  switch (rng() % 14) {
+    case 0: return nullptr;
+    case 1: return true;
+    case 2: return -1;
+    case 3: return 0;
+    case 4: return 1e300;
+    case 5: return -4294967296.0;
+    case 6: return 18446744073709551615ull;
+    case 7: return 0.5;
+    case 8: return "";
+    case 9: return std::string(300, 'x');
+    case 10: return json::array({1, "a", nullptr});
+    case 11: return json::object({{"type", "text"}, {"text", 7}});
+    case 12: return json::array();
+    default: return json::array({json::object({{"role", "user"}, {"content", json::array({42})}})});
+  }
+}
+
+/// One field of `body` (nested ones included) replaced, removed, or a new one added.
+void mutate(json& body, std::mt19937& rng) {
+  static const char* names[] = {"model", "prompt", "messages", "max_tokens", "max_new_tokens",
+                                "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
+                                "presence_penalty", "frequency_penalty", "repetition_penalty", "seed",
+                                "stop", "stop_token_ids", "stream", "stream_options", "logprobs",
+                                "top_logprobs", "n", "best_of", "echo", "suffix", "logit_bias",
+                                "tools", "response_format", "reasoning_format", "user", "ignore_eos"};
+  json* target = &body;
+  if (body.contains("messages") && body["messages"].is_array() && !body["messages"].empty() && rng() % 3 == 0) {
+    json& m = body["messages"][rng() % body["messages"].size()];
+    if (m.is_object()) target = &m;
+  }
+  const std::string key = target == &body ? names[rng() % std::size(names)] : (rng() % 2 ? "role" : "content");
+  if (rng() % 5 == 0) target->erase(key);
+  else (*target)[key] = odd_value(rng);
+}
+
+}  // namespace
+
+TEST_SUITE("http mutated bodies") {
+  TEST_CASE("20,000 mutated bodies: never a throw, every refusal says why, every acceptance is in range") {
+    const json seeds[] = {
+        json::parse(R"({"model":"m","prompt":"hi","max_tokens":5,"temperature":0.7,"top_p":0.9,"stop":["\n"],"logprobs":2})"),
+        json::parse(R"({"model":"m","prompt":[1,2,3],"max_new_tokens":3,"seed":4,"stream":true,"stream_options":{"include_usage":true}})"),
+        json::parse(R"({"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"}]}],"max_completion_tokens":9,"logprobs":true,"top_logprobs":3})")};
+    std::mt19937 rng(2026);
+    int accepted = 0, refused = 0;
+    for (int i = 0; i < 20000; ++i) {
+      const auto kind = rng() % 2 ? api_kind::chat : api_kind::completion;
+      json body = seeds[rng() % std::size(seeds)];
+      for (int m = 1 + rng() % 3; m > 0; --m) mutate(body, rng);
+      std::string text = body.dump();
+      if (rng() % 8 == 0) text.resize(rng() % (text.size() + 1));         // cut short
+      if (rng() % 8 == 0 && !text.empty()) text[rng() % text.size()] ^= 0x20;  // one byte off
+      std::variant<api_request, api_error> r;
+      REQUIRE_NOTHROW(r = duet::parse_api_request(kind, text, options()));
+      if (const auto* e = std::get_if<api_error>(&r)) {
+        ++refused;
+        if (e->message.empty() || (e->status != 400 && e->status != 404)) FAIL("bad refusal of " << text);
+        continue;
+      }
+      ++accepted;
+      const auto& q = std::get<api_request>(r);
+      const auto& s = q.sampling;
+      const bool in_range = s.temperature >= 0 && s.temperature <= 2 && s.top_p > 0 && s.top_p <= 1 &&
+                            s.top_k >= 0 && s.min_p >= 0 && s.min_p <= 1 && s.repetition_penalty > 0 &&
+                            (!q.max_tokens || *q.max_tokens >= 1) && s.top_logprobs <= 20 &&
+                            (kind == api_kind::completion || !q.messages.empty());
+      if (!in_range) FAIL("accepted out of range: " << text);
+      const auto max_new = duet::resolve_max_tokens(q, rng() % 3000, 2048, 16, 1000);
+      if (const auto* n = std::get_if<uint32_t>(&max_new); n && (*n < 1 || *n > std::max<uint32_t>(q.max_tokens.value_or(0), 1000))) {
+        FAIL("resolved " << *n << " tokens for " << text);
+      }
+    }
+    MESSAGE(accepted << " accepted, " << refused << " refused");
+    // Both outcomes are exercised, not only one of them.
+    CHECK(accepted > 1000);
+    CHECK(refused > 1000);
   }
 }
