@@ -40,8 +40,8 @@ def score(calibration, run_list):
     detail = {}
     for line in out.stdout.splitlines():
         m = re.match(r"\| (\S+/(\S+)) \| (.+) \|$", line)
-        if m and "/" in m.group(1):
-            cells = [int(c.strip().split()[0].replace("−", "-")) for c in m.group(3).split("|")]
+        if m:
+            cells = [int(c.strip().split()[0]) for c in m.group(3).split("|")]
             detail[m.group(2)] = dict(zip(("ttft p50", "ttft p99", "itl p50", "itl p99", "prefill", "decode"), cells))
     return int(base.group(1)), int(base.group(2)), detail
 
