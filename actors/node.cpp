@@ -5,6 +5,10 @@
 
 namespace duet {
 
+void tune_actor_system(caf::actor_system_config& cfg) {
+  cfg.set("work-stealing.moderate-poll-attempts", caf::config_value::integer{0});
+}
+
 node::node(caf::actor_system& system, const deployment_config& config, const std::string& name,
            actor_timing timing)
     : system_(system), config_(config), name_(name) {

@@ -9,6 +9,13 @@
 
 namespace duet {
 
+/// The CAF settings every duet process runs its actor system with. CAF 0.17's work-stealing
+/// workers, once out of work, poll up to 500 times with 50 µs sleeps before they block; the
+/// short bursts of a control plane keep them re-entering that phase, so an idle node burned
+/// 20-30 % of a core. With that polling off they block right after their short spin
+/// (docs/benchmarks.md, "CAF's moderate polling").
+void tune_actor_system(caf::actor_system_config& cfg);
+
 /// One process's share of a deployment: its transport (one ZeroMQ endpoint) and its actors.
 class node {
  public:

@@ -142,6 +142,7 @@ int run_node(const std::string& config_path, const std::string& name, const std:
   require_model_file(config);
   check_deployment_vocab(config);
   caf::actor_system_config cfg;
+  duet::tune_actor_system(cfg);
   caf::actor_system system{cfg};
   duet::node n(system, config, name);
   std::fprintf(stderr, "duet node %s listening on %s\n", name.c_str(), n.endpoint().c_str());
@@ -232,6 +233,7 @@ int run_up(const std::string& config_path, const std::string& engine, bool threa
   check_deployment_vocab(config);
   if (!threads && !all_inproc(config) && !config_path.empty()) return run_up_processes(config_path, config, http, api_key);
   caf::actor_system_config cfg;
+  duet::tune_actor_system(cfg);
   caf::actor_system system{cfg};
   auto nodes = start_nodes(system, config);
   for (const auto& n : nodes) std::fprintf(stderr, "duet node %s listening on %s\n", n->name().c_str(), n->endpoint().c_str());
@@ -277,6 +279,7 @@ bool report_pools(duet::client& c, const duet::deployment_config& config, bool p
 
 int run_sim_demo(const duet::deployment_config& config, duet::burst_options options) {
   caf::actor_system_config cfg;
+  duet::tune_actor_system(cfg);
   caf::actor_system system{cfg};
   auto nodes = start_nodes(system, config);
   const auto router = duet::find_router(config);
@@ -347,6 +350,7 @@ int run_chat_demo(const duet::deployment_config& config, const chat_demo_options
   std::fflush(stdout);
   const auto load_start = clock::now();
   caf::actor_system_config cfg;
+  duet::tune_actor_system(cfg);
   caf::actor_system system{cfg};
   auto nodes = start_nodes(system, config);
   duet::client c(router.endpoint, router.address);

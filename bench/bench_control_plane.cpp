@@ -369,17 +369,15 @@ deployment_config live_config(int nodes) {
   return config;
 }
 
-/// CAF's scheduler as `duet` runs it, or with its moderate polling phase (up to 500 sleeps of
-/// 50 us after a worker runs out of work) turned off: idle workers then block on their
-/// condition variable after the short aggressive spin.
-enum class scheduler_mode : int { caf_defaults = 0, no_moderate_polling = 1 };
+/// CAF's default scheduler, or the one `duet` runs (duet::tune_actor_system): its moderate
+/// polling phase (up to 500 sleeps of 50 us after a worker runs out of work) turned off, so idle
+/// workers block on their condition variable after the short aggressive spin.
+enum class scheduler_mode : int { caf_defaults = 0, as_duet_runs_it = 1 };
 
 class live_cluster {
  public:
   live_cluster(int nodes, scheduler_mode mode) : config_(live_config(nodes)) {
-    if (mode == scheduler_mode::no_moderate_polling) {
-      system_config_.set("work-stealing.moderate-poll-attempts", caf::config_value::integer{0});
-    }
+    if (mode == scheduler_mode::as_duet_runs_it) tune_actor_system(system_config_);
     system_ = std::make_unique<caf::actor_system>(system_config_);
     for (const auto& n : config_.nodes)
       nodes_.push_back(std::make_unique<node>(*system_, config_, n.name));
@@ -445,7 +443,7 @@ class live_cluster {
 };
 
 const char* mode_name(scheduler_mode mode) {
-  return mode == scheduler_mode::caf_defaults ? "CAF defaults" : "no moderate polling";
+  return mode == scheduler_mode::caf_defaults ? "CAF defaults" : "as duet runs it (no moderate polling)";
 }
 
 /// Args: nodes (1 or 2), concurrency (requests per wave), max_new_tokens, scheduler mode.

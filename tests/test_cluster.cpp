@@ -120,6 +120,7 @@ TEST_CASE("a request flows router, prefill, broker, decode and back to the clien
   auto config = default_config();
   config.engine.time_scale = 0.0;
   caf::actor_system_config cfg;
+  duet::tune_actor_system(cfg);
   caf::actor_system system{cfg};
   node n(system, config, config.nodes.at(0).name);
   client c(config.nodes.at(0).endpoint, config.nodes.at(0).name + "/router");
@@ -145,6 +146,7 @@ TEST_CASE("bad requests are rejected with a readable reason and nothing is reser
   auto config = default_config();
   config.engine.time_scale = 0.0;
   caf::actor_system_config cfg;
+  duet::tune_actor_system(cfg);
   caf::actor_system system{cfg};
   node n(system, config, config.nodes.at(0).name);
   const std::string router = config.nodes.at(0).name + "/router";
@@ -178,6 +180,7 @@ TEST_CASE("a request cancelled during decode ends with reason cancelled and free
   auto config = default_config();
   config.engine.time_scale = 1.0;  // real H200-like step times, so cancel lands mid-stream
   caf::actor_system_config cfg;
+  duet::tune_actor_system(cfg);
   caf::actor_system system{cfg};
   node n(system, config, config.nodes.at(0).name);
   const std::string router = config.nodes.at(0).name + "/router";

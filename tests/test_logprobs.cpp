@@ -153,6 +153,7 @@ TEST_CASE("a client receives exactly the log-probabilities the CPU engine's samp
   for (const auto& s : expected) CHECK(s.top.size() == 5);
 
   caf::actor_system_config cfg;
+  duet::tune_actor_system(cfg);
   caf::actor_system system{cfg};
   node n(system, config, "local");
   client c(config.nodes[0].endpoint, "local/router");

@@ -270,6 +270,7 @@ void serve_in_one_process(const std::string& transfer) {
   for (const auto& e : expected) CHECK(e.size() >= 4);  // real answers, not an instant eos
 
   caf::actor_system_config cfg;
+  duet::tune_actor_system(cfg);
   caf::actor_system system{cfg};
   node n(system, config, "local");
   client c(config.nodes[0].endpoint, "local/router");
@@ -375,6 +376,7 @@ TEST_CASE("a prompt's first token leaves before the next prompt's chunk computes
   toml.replace(toml.find(batch), batch.size(), "max_batch = 1\nchunk_tokens = 512");
   const auto config = parse_config(toml, "pipeline-order.toml");
   caf::actor_system_config cfg;
+  duet::tune_actor_system(cfg);
   caf::actor_system system{cfg};
   node n(system, config, "local");
   client c(config.nodes[0].endpoint, "local/router");
@@ -422,6 +424,7 @@ TEST_CASE("a worker whose engine step runs past the stall limit is taken for stu
                                        "[transport]\npeer_timeout_ms = 1000\nheartbeat_ms = 200\n",
                                    "pipeline-stall.toml");
   caf::actor_system_config cfg;
+  duet::tune_actor_system(cfg);
   caf::actor_system system{cfg};
   actor_timing timing;
   timing.step_stall = 300ms;  // a 512-token step on one core takes seconds

@@ -1518,6 +1518,7 @@ std::vector<request_record> run_live_fidelity(const deployment_config& config,
                                               const std::vector<trace_request>& trace,
                                               double scale, double& host_noise_p99_s) {
   caf::actor_system_config cfg;
+  duet::tune_actor_system(cfg);
   caf::actor_system system{cfg};
   node n(system, config, "fid");
   client c(endpoint, "fid/router");
