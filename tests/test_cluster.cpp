@@ -116,6 +116,13 @@ const std::vector<std::string> two_node_pools = {"n1/prefill0", "n1/broker", "n2
 
 }  // namespace
 
+TEST_CASE("duet's actor systems run CAF's work-stealing workers without the moderate polling phase") {
+  caf::actor_system_config cfg;
+  CHECK(caf::get_or(cfg, "work-stealing.moderate-poll-attempts", size_t{500}) == 500u);
+  duet::tune_actor_system(cfg);
+  CHECK(caf::get_or(cfg, "work-stealing.moderate-poll-attempts", size_t{500}) == 0u);
+}
+
 TEST_CASE("a request flows router, prefill, broker, decode and back to the client in one process") {
   auto config = default_config();
   config.engine.time_scale = 0.0;
