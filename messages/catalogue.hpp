@@ -1,7 +1,8 @@
 #pragma once
 // Every message of the lifecycle, as plain structs. Body fields travel as a msgpack map
-// (MSGPACK_DEFINE_MAP: fields can be added without breaking old peers); large arrays are
-// listed by raw() and travel as raw binary frames after the body, in raw()'s order.
+// (DUET_MSGPACK_MAP, MSGPACK_DEFINE_MAP's format: fields can be added without breaking old
+// peers); large arrays are listed by raw() and travel as raw binary frames after the body, in
+// raw()'s order.
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -12,13 +13,14 @@
 
 #include <msgpack.hpp>
 
+#include "messages/field_map.hpp"
 #include "messages/protocol.hpp"
 
 MSGPACK_ADD_ENUM(duet::msg::finish_reason);
 MSGPACK_ADD_ENUM(duet::msg::error_code);
 MSGPACK_ADD_ENUM(duet::msg::kv_path);
 
-/// A msgpack map with no fields yet (MSGPACK_DEFINE_MAP() needs at least one).
+/// A msgpack map with no fields yet (DUET_MSGPACK_MAP() needs at least one).
 #define DUET_MSGPACK_EMPTY_MAP                                                        \
   template <class Packer>                                                             \
   void msgpack_pack(Packer& packer) const {                                           \
@@ -52,7 +54,7 @@ struct sampling_params {
   std::vector<int32_t> stop_token_ids;
   std::vector<std::string> stop_strings;
   bool logprobs = false;  // return each sampled token's log-probability
-  MSGPACK_DEFINE_MAP(temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
+  DUET_MSGPACK_MAP(temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
                      repetition_penalty, seed, has_seed, max_new_tokens, ignore_eos,
                      top_logprobs, stop_token_ids, stop_strings, logprobs);
   /// Whether the client wants log-probabilities of the sampled tokens.
@@ -66,7 +68,7 @@ struct token_logprobs {
   float logprob = 0.0f;
   std::vector<int32_t> top_ids;
   std::vector<float> top_logprobs;  // parallel to top_ids
-  MSGPACK_DEFINE_MAP(logprob, top_ids, top_logprobs);
+  DUET_MSGPACK_MAP(logprob, top_ids, top_logprobs);
   friend bool operator==(const token_logprobs&, const token_logprobs&) = default;
 };
 
@@ -91,7 +93,7 @@ struct hello {
   uint16_t protocol = protocol_version;
   uint64_t compat_hash = 0;  // model, dtype, KV layout, block size (runtime/compat.hpp)
   int64_t pid = 0;
-  MSGPACK_DEFINE_MAP(node, protocol, compat_hash, pid);
+  DUET_MSGPACK_MAP(node, protocol, compat_hash, pid);
   auto raw() { return std::tie(); }
   friend bool operator==(const hello&, const hello&) = default;
 };
@@ -100,7 +102,7 @@ struct heartbeat {
   static constexpr type_id id = type_id::heartbeat;
   std::string node;
   int64_t time_ms = 0;
-  MSGPACK_DEFINE_MAP(node, time_ms);
+  DUET_MSGPACK_MAP(node, time_ms);
   auto raw() { return std::tie(); }
   friend bool operator==(const heartbeat&, const heartbeat&) = default;
 };
@@ -111,7 +113,7 @@ struct error {
   error_code code = error_code::internal;
   std::string message;
   uint64_t about = 0;  // correlation id of the message this answers
-  MSGPACK_DEFINE_MAP(code, message, about);
+  DUET_MSGPACK_MAP(code, message, about);
   auto raw() { return std::tie(); }
   friend bool operator==(const error&, const error&) = default;
 };
@@ -125,7 +127,7 @@ struct submit {
   std::string prompt;                  // text; used when prompt_tokens is empty
   std::vector<int32_t> prompt_tokens;  // raw frame
   sampling_params sampling;
-  MSGPACK_DEFINE_MAP(request_id, prompt, sampling);
+  DUET_MSGPACK_MAP(request_id, prompt, sampling);
   auto raw() { return std::tie(prompt_tokens); }
   friend bool operator==(const submit&, const submit&) = default;
 };
@@ -135,7 +137,7 @@ struct admitted {
   uint64_t request_id = 0;
   uint32_t prompt_tokens = 0;
   uint32_t queue_position = 0;
-  MSGPACK_DEFINE_MAP(request_id, prompt_tokens, queue_position);
+  DUET_MSGPACK_MAP(request_id, prompt_tokens, queue_position);
   auto raw() { return std::tie(); }
   friend bool operator==(const admitted&, const admitted&) = default;
 };
@@ -147,7 +149,7 @@ struct rejected {
   error_code code = error_code::bad_request;
   std::string message;
   uint32_t retry_after_ms = 0;
-  MSGPACK_DEFINE_MAP(request_id, code, message, retry_after_ms);
+  DUET_MSGPACK_MAP(request_id, code, message, retry_after_ms);
   auto raw() { return std::tie(); }
   friend bool operator==(const rejected&, const rejected&) = default;
 };
@@ -155,7 +157,7 @@ struct rejected {
 struct cancel {
   static constexpr type_id id = type_id::cancel;
   uint64_t request_id = 0;
-  MSGPACK_DEFINE_MAP(request_id);
+  DUET_MSGPACK_MAP(request_id);
   auto raw() { return std::tie(); }
   friend bool operator==(const cancel&, const cancel&) = default;
 };
@@ -175,7 +177,7 @@ struct token_batch {
   std::vector<uint32_t> top_counts;
   std::vector<int32_t> top_ids;
   std::vector<float> top_logprobs;
-  MSGPACK_DEFINE_MAP(logprobs, top_counts, top_ids, top_logprobs);
+  DUET_MSGPACK_MAP(logprobs, top_counts, top_ids, top_logprobs);
   auto raw() { return std::tie(request_ids, tokens, positions); }
   friend bool operator==(const token_batch&, const token_batch&) = default;
 };
@@ -196,7 +198,7 @@ struct finish {
   std::string message;
   uint32_t prompt_tokens = 0;
   uint32_t completion_tokens = 0;
-  MSGPACK_DEFINE_MAP(request_id, reason, code, message, prompt_tokens, completion_tokens);
+  DUET_MSGPACK_MAP(request_id, reason, code, message, prompt_tokens, completion_tokens);
   auto raw() { return std::tie(); }
   friend bool operator==(const finish&, const finish&) = default;
 };
@@ -212,7 +214,7 @@ struct prefill_request {
   // broker.stream_prefill = "chunks": the decode worker reserved for the request; the prompt's
   // finished blocks stream to it while later chunks compute. Empty: after the whole prompt.
   std::string stream_to;
-  MSGPACK_DEFINE_MAP(seq_id, sampling, stream_to);
+  DUET_MSGPACK_MAP(seq_id, sampling, stream_to);
   auto raw() { return std::tie(tokens); }
   friend bool operator==(const prefill_request&, const prefill_request&) = default;
 };
@@ -227,7 +229,7 @@ struct prefill_done {
   uint64_t layout_hash = 0;
   bool has_first_logprobs = false;  // the request asked and the engine computed them
   token_logprobs first_logprobs;
-  MSGPACK_DEFINE_MAP(seq_id, handle_id, first_token, prompt_tokens, layout_hash, has_first_logprobs,
+  DUET_MSGPACK_MAP(seq_id, handle_id, first_token, prompt_tokens, layout_hash, has_first_logprobs,
                      first_logprobs);
   auto raw() { return std::tie(); }
   friend bool operator==(const prefill_done&, const prefill_done&) = default;
@@ -240,7 +242,7 @@ struct stage_failed {
   finish_reason reason = finish_reason::error;
   error_code code = error_code::internal;
   std::string message;
-  MSGPACK_DEFINE_MAP(seq_id, reason, code, message);
+  DUET_MSGPACK_MAP(seq_id, reason, code, message);
   auto raw() { return std::tie(); }
   friend bool operator==(const stage_failed&, const stage_failed&) = default;
 };
@@ -250,7 +252,7 @@ struct cancel_seq {
   static constexpr type_id id = type_id::cancel_seq;
   uint64_t seq_id = 0;
   finish_reason reason = finish_reason::cancelled;
-  MSGPACK_DEFINE_MAP(seq_id, reason);
+  DUET_MSGPACK_MAP(seq_id, reason);
   auto raw() { return std::tie(); }
   friend bool operator==(const cancel_seq&, const cancel_seq&) = default;
 };
@@ -261,7 +263,7 @@ struct request_done {
   uint64_t seq_id = 0;
   finish_reason reason = finish_reason::stop;
   uint32_t completion_tokens = 0;
-  MSGPACK_DEFINE_MAP(seq_id, reason, completion_tokens);
+  DUET_MSGPACK_MAP(seq_id, reason, completion_tokens);
   auto raw() { return std::tie(); }
   friend bool operator==(const request_done&, const request_done&) = default;
 };
@@ -277,7 +279,7 @@ struct kv_adopt {
   int32_t first_token = 0;
   sampling_params sampling;
   std::vector<int32_t> prompt;  // raw frame; penalties need the history
-  MSGPACK_DEFINE_MAP(seq_id, handle_id, layout_hash, client, request_id, first_token, sampling);
+  DUET_MSGPACK_MAP(seq_id, handle_id, layout_hash, client, request_id, first_token, sampling);
   auto raw() { return std::tie(prompt); }
   friend bool operator==(const kv_adopt&, const kv_adopt&) = default;
 };
@@ -296,7 +298,7 @@ struct kv_pool_export {
   uint64_t pool_bytes = 0;
   int32_t device = 0;  // CUDA ordinal of the pool
   uint64_t arena = 0;  // nonzero: the pool is shared with other workers of process `pid` (same_pool)
-  MSGPACK_DEFINE_MAP(path, host, pid, handle, base, pool_bytes, device, arena);
+  DUET_MSGPACK_MAP(path, host, pid, handle, base, pool_bytes, device, arena);
   friend bool operator==(const kv_pool_export&, const kv_pool_export&) = default;
 };
 
@@ -308,7 +310,7 @@ struct kv_handle {
   uint64_t layout_hash = 0;
   uint64_t bytes = 0;
   kv_pool_export pool;  // how a process on the owner's host can read the blocks directly
-  MSGPACK_DEFINE_MAP(handle_id, owner, device, token_count, layout_hash, bytes, pool);
+  DUET_MSGPACK_MAP(handle_id, owner, device, token_count, layout_hash, bytes, pool);
   friend bool operator==(const kv_handle&, const kv_handle&) = default;
 };
 
@@ -316,7 +318,7 @@ struct kv_register {
   static constexpr type_id id = type_id::kv_register;
   kv_handle handle;
   std::vector<uint32_t> block_ids;  // raw frame
-  MSGPACK_DEFINE_MAP(handle);
+  DUET_MSGPACK_MAP(handle);
   auto raw() { return std::tie(block_ids); }
   friend bool operator==(const kv_register&, const kv_register&) = default;
 };
@@ -325,7 +327,7 @@ struct kv_registered {
   static constexpr type_id id = type_id::kv_registered;
   uint64_t handle_id = 0;
   int64_t lease_expiry_ms = 0;
-  MSGPACK_DEFINE_MAP(handle_id, lease_expiry_ms);
+  DUET_MSGPACK_MAP(handle_id, lease_expiry_ms);
   auto raw() { return std::tie(); }
   friend bool operator==(const kv_registered&, const kv_registered&) = default;
 };
@@ -341,7 +343,7 @@ struct kv_pull {
   int32_t pid = 0;                     // the adopter's process
   uint64_t arena = 0;                  // the adopter's shared pool (kv_pool_export::arena), 0 none
   std::vector<uint32_t> block_ids;  // raw frame
-  MSGPACK_DEFINE_MAP(handle_id, layout_hash, device, host, can_import, pid, arena);
+  DUET_MSGPACK_MAP(handle_id, layout_hash, device, host, can_import, pid, arena);
   auto raw() { return std::tie(block_ids); }
   friend bool operator==(const kv_pull&, const kv_pull&) = default;
 };
@@ -357,7 +359,7 @@ struct kv_moved {
   std::string message;
   kv_pool_export source;             // host_shm / cuda_ipc: the pool to copy from
   std::vector<uint32_t> source_blocks;  // raw frame; host_shm / cuda_ipc / same_pool: the handle's blocks there
-  MSGPACK_DEFINE_MAP(handle_id, path, bytes, code, message, source);
+  DUET_MSGPACK_MAP(handle_id, path, bytes, code, message, source);
   auto raw() { return std::tie(source_blocks); }
   friend bool operator==(const kv_moved&, const kv_moved&) = default;
 };
@@ -376,7 +378,7 @@ inline kv_moved kv_moved_failure(uint64_t handle_id, kv_path path, error_code co
 struct kv_confirm {
   static constexpr type_id id = type_id::kv_confirm;
   uint64_t handle_id = 0;
-  MSGPACK_DEFINE_MAP(handle_id);
+  DUET_MSGPACK_MAP(handle_id);
   auto raw() { return std::tie(); }
   friend bool operator==(const kv_confirm&, const kv_confirm&) = default;
 };
@@ -386,7 +388,7 @@ struct kv_release {
   static constexpr type_id id = type_id::kv_release;
   uint64_t handle_id = 0;
   std::string reason;
-  MSGPACK_DEFINE_MAP(handle_id, reason);
+  DUET_MSGPACK_MAP(handle_id, reason);
   auto raw() { return std::tie(); }
   friend bool operator==(const kv_release&, const kv_release&) = default;
 };
@@ -396,7 +398,7 @@ struct kv_nack {
   static constexpr type_id id = type_id::kv_nack;
   uint64_t handle_id = 0;
   std::string reason;
-  MSGPACK_DEFINE_MAP(handle_id, reason);
+  DUET_MSGPACK_MAP(handle_id, reason);
   auto raw() { return std::tie(); }
   friend bool operator==(const kv_nack&, const kv_nack&) = default;
 };
@@ -404,7 +406,7 @@ struct kv_nack {
 struct kv_renew {
   static constexpr type_id id = type_id::kv_renew;
   uint64_t handle_id = 0;
-  MSGPACK_DEFINE_MAP(handle_id);
+  DUET_MSGPACK_MAP(handle_id);
   auto raw() { return std::tie(); }
   friend bool operator==(const kv_renew&, const kv_renew&) = default;
 };
@@ -414,7 +416,7 @@ struct kv_drop {
   static constexpr type_id id = type_id::kv_drop;
   uint64_t handle_id = 0;
   std::string reason;
-  MSGPACK_DEFINE_MAP(handle_id, reason);
+  DUET_MSGPACK_MAP(handle_id, reason);
   auto raw() { return std::tie(); }
   friend bool operator==(const kv_drop&, const kv_drop&) = default;
 };
@@ -426,7 +428,7 @@ struct kv_send {
   static constexpr type_id id = type_id::kv_send;
   uint64_t handle_id = 0;
   std::string to;  // the adopter's address
-  MSGPACK_DEFINE_MAP(handle_id, to);
+  DUET_MSGPACK_MAP(handle_id, to);
   auto raw() { return std::tie(); }
   friend bool operator==(const kv_send&, const kv_send&) = default;
 };
@@ -442,7 +444,7 @@ struct kv_chunk {
   uint64_t layout_hash = 0;
   uint64_t checksum = 0;
   std::string bytes;  // raw frame, held as one (msg::frame): it moves in and out of the frames
-  MSGPACK_DEFINE_MAP(handle_id, first, count, total, layout_hash, checksum);
+  DUET_MSGPACK_MAP(handle_id, first, count, total, layout_hash, checksum);
   auto raw() { return std::tie(bytes); }
   friend bool operator==(const kv_chunk&, const kv_chunk&) = default;
 };
@@ -454,7 +456,7 @@ struct kv_chunk_ack {
   uint64_t handle_id = 0;
   uint32_t received = 0;
   bool resend = false;  // a chunk after a lost one came (a stream begun during prefill): send from `received`
-  MSGPACK_DEFINE_MAP(handle_id, received, resend);
+  DUET_MSGPACK_MAP(handle_id, received, resend);
   auto raw() { return std::tie(); }
   friend bool operator==(const kv_chunk_ack&, const kv_chunk_ack&) = default;
 };
@@ -469,7 +471,7 @@ struct load_report {
   uint32_t running = 0;
   uint32_t free_blocks = 0;
   uint32_t total_blocks = 0;
-  MSGPACK_DEFINE_MAP(actor, queued, running, free_blocks, total_blocks);
+  DUET_MSGPACK_MAP(actor, queued, running, free_blocks, total_blocks);
   auto raw() { return std::tie(); }
   friend bool operator==(const load_report&, const load_report&) = default;
 };
@@ -489,7 +491,7 @@ struct stats_reply {
   uint32_t free_blocks = 0;
   uint32_t total_blocks = 0;
   std::map<std::string, uint64_t> counters;
-  MSGPACK_DEFINE_MAP(actor, role, free_blocks, total_blocks, counters);
+  DUET_MSGPACK_MAP(actor, role, free_blocks, total_blocks, counters);
   auto raw() { return std::tie(); }
   friend bool operator==(const stats_reply&, const stats_reply&) = default;
 };
@@ -509,7 +511,7 @@ using all_messages =
 namespace msgpack {
 MSGPACK_API_VERSION_NAMESPACE(MSGPACK_DEFAULT_API_NS) {
 namespace adaptor {
-// The messages with float fields decode as MSGPACK_DEFINE_MAP does, then refuse floats that
+// The messages with float fields decode as DUET_MSGPACK_MAP does, then refuse floats that
 // could not be encoded again (duet::msg::wire_float_ok): the decoder names the field.
 template <>
 struct convert<duet::msg::sampling_params> {

@@ -27,7 +27,7 @@ struct envelope {
   std::string dst;  // "node/actor"
   uint64_t correlation = 0;
   int64_t deadline_ms = 0;  // unix epoch milliseconds; 0 = none
-  MSGPACK_DEFINE_MAP(version, type, src, dst, correlation, deadline_ms);
+  DUET_MSGPACK_MAP(version, type, src, dst, correlation, deadline_ms);
 };
 
 /// Bounds applied while decoding untrusted bytes.

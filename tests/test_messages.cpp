@@ -889,3 +889,98 @@ TEST_CASE("an enum value from a newer peer decodes to its number, for the receiv
   const auto wide = body_with("reason", [](packer& p) { p.pack(256); });
   check_refused(message(msg::type_id::finish, wide), "field 'reason'");
 }
+
+namespace {
+
+/// One struct decoded two ways: DUET_MSGPACK_MAP and msgpack-c's MSGPACK_DEFINE_MAP, the
+/// reference for what a map means (unknown keys, missing fields, repeated keys, bad keys).
+struct fields_ours {
+  uint32_t id = 7;
+  std::string name = "unset";
+  std::vector<int32_t> tokens;
+  double weight = 0.5;
+  DUET_MSGPACK_MAP(id, name, tokens, weight);
+};
+struct fields_reference {
+  uint32_t id = 7;
+  std::string name = "unset";
+  std::vector<int32_t> tokens;
+  double weight = 0.5;
+  MSGPACK_DEFINE_MAP(id, name, tokens, weight);
+};
+
+/// A map of `pairs` key/value objects, packed as written (keys may repeat or not be strings).
+template <class Fill>
+std::string packed_map(uint32_t pairs, Fill fill) {
+  msgpack::sbuffer buffer;
+  msgpack::packer<msgpack::sbuffer> pk(buffer);
+  pk.pack_map(pairs);
+  fill(pk);
+  return std::string(buffer.data(), buffer.size());
+}
+
+/// Decodes `bytes` both ways: both fail, or both give the same fields.
+void decodes_as_reference(const std::string& bytes) {
+  auto handle = msgpack::unpack(bytes.data(), bytes.size());
+  fields_ours ours;
+  fields_reference ref;
+  bool ours_ok = true, ref_ok = true;
+  try { handle.get().convert(ours); } catch (const std::exception&) { ours_ok = false; }
+  try { handle.get().convert(ref); } catch (const std::exception&) { ref_ok = false; }
+  REQUIRE(ours_ok == ref_ok);
+  if (!ours_ok) return;
+  CHECK(ours.id == ref.id);
+  CHECK(ours.name == ref.name);
+  CHECK(ours.tokens == ref.tokens);
+  CHECK(ours.weight == ref.weight);
+}
+
+}  // namespace
+
+TEST_CASE("DUET_MSGPACK_MAP decodes every map as MSGPACK_DEFINE_MAP does, and encodes the same bytes") {
+  using packer = msgpack::packer<msgpack::sbuffer>;
+  SUBCASE("encoding") {
+    fields_ours ours;
+    ours.tokens = {1, -2, 3};
+    fields_reference ref;
+    ref.tokens = {1, -2, 3};
+    msgpack::sbuffer a, b;
+    msgpack::pack(a, ours);
+    msgpack::pack(b, ref);
+    CHECK(std::string(a.data(), a.size()) == std::string(b.data(), b.size()));
+  }
+  SUBCASE("all fields, out of order") {
+    decodes_as_reference(packed_map(4, [](packer& pk) {
+      pk.pack("weight"), pk.pack(2.5), pk.pack("tokens"), pk.pack(std::vector<int32_t>{4, 5});
+      pk.pack("name"), pk.pack("x"), pk.pack("id"), pk.pack(11);
+    }));
+  }
+  SUBCASE("missing fields keep their defaults; unknown keys are skipped") {
+    decodes_as_reference(packed_map(3, [](packer& pk) {
+      pk.pack("name"), pk.pack("y"), pk.pack("an_unknown_key"), pk.pack(std::vector<int>{1}), pk.pack("i"), pk.pack(3);
+    }));
+  }
+  SUBCASE("a repeated key: the first one counts") {
+    decodes_as_reference(packed_map(3, [](packer& pk) {
+      pk.pack("id"), pk.pack(1), pk.pack("id"), pk.pack(2), pk.pack("name"), pk.pack("z");
+    }));
+  }
+  SUBCASE("a repeated key whose second value has the wrong type") {
+    decodes_as_reference(packed_map(2, [](packer& pk) { pk.pack("id"), pk.pack(1), pk.pack("id"), pk.pack("text"); }));
+  }
+  SUBCASE("a key that is not a string is refused") {
+    decodes_as_reference(packed_map(2, [](packer& pk) { pk.pack("id"), pk.pack(1), pk.pack(5), pk.pack(6); }));
+  }
+  SUBCASE("a field of the wrong type is refused") {
+    decodes_as_reference(packed_map(1, [](packer& pk) { pk.pack("tokens"), pk.pack("not an array"); }));
+  }
+  SUBCASE("not a map at all") {
+    msgpack::sbuffer buffer;
+    msgpack::pack(buffer, std::vector<int>{1, 2});
+    decodes_as_reference(std::string(buffer.data(), buffer.size()));
+  }
+  SUBCASE("an empty map, and a key that is a prefix of a field's name") {
+    decodes_as_reference(packed_map(0, [](packer&) {}));
+    decodes_as_reference(packed_map(2, [](packer& pk) { pk.pack("nam"), pk.pack("p"), pk.pack("names"), pk.pack("q"); }));
+  }
+}
