@@ -55,8 +55,8 @@ struct sampling_params {
   std::vector<std::string> stop_strings;
   bool logprobs = false;  // return each sampled token's log-probability
   DUET_MSGPACK_MAP(temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
-                     repetition_penalty, seed, has_seed, max_new_tokens, ignore_eos,
-                     top_logprobs, stop_token_ids, stop_strings, logprobs);
+                   repetition_penalty, seed, has_seed, max_new_tokens, ignore_eos,
+                   top_logprobs, stop_token_ids, stop_strings, logprobs);
   /// Whether the client wants log-probabilities of the sampled tokens.
   [[nodiscard]] bool wants_logprobs() const { return logprobs || top_logprobs > 0; }
   friend bool operator==(const sampling_params&, const sampling_params&) = default;
@@ -230,7 +230,7 @@ struct prefill_done {
   bool has_first_logprobs = false;  // the request asked and the engine computed them
   token_logprobs first_logprobs;
   DUET_MSGPACK_MAP(seq_id, handle_id, first_token, prompt_tokens, layout_hash, has_first_logprobs,
-                     first_logprobs);
+                   first_logprobs);
   auto raw() { return std::tie(); }
   friend bool operator==(const prefill_done&, const prefill_done&) = default;
 };
