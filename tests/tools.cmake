@@ -1,29 +1,22 @@
-# Helpers of the GPU scripts that run anywhere: scripts/ncu_steps.py (scripts/gpu-profile.sh's
-# per-kernel tables) on a real Nsight Compute CSV of the H200.
-if(EXISTS /usr/bin/python3)
-  add_test(NAME ncu_steps_tables
-           COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/tools/check_ncu_steps.py ${PROJECT_SOURCE_DIR})
-  set_tests_properties(ncu_steps_tables PROPERTIES TIMEOUT 60)
-endif()
+# Checks of the repository's Python scripts that run anywhere: tests/tools/SCRIPT with ARGN,
+# TIMEOUT seconds; a script exits 77 to say it was skipped (data it needs is not here).
+function(duet_script_check name script timeout)
+  if(EXISTS /usr/bin/python3)
+    add_test(NAME ${name} COMMAND /usr/bin/python3 ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/tools/${script} ${ARGN})
+    set_tests_properties(${name} PROPERTIES TIMEOUT ${timeout} SKIP_RETURN_CODE 77)
+  endif()
+endfunction()
+
+# Helpers of the GPU scripts: scripts/ncu_steps.py (scripts/gpu-profile.sh's per-kernel tables)
+# on a real Nsight Compute CSV of the H200.
+duet_script_check(ncu_steps_tables check_ncu_steps.py 60 ${PROJECT_SOURCE_DIR})
 
 # scripts/fit-prefill-mix.py against the H200's prefill steps, pricing them with `duet bench engine --engine sim`.
-if(EXISTS /usr/bin/python3)
-  add_test(NAME fit_prefill_mix
-           COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/tools/check_fit_prefill_mix.py ${PROJECT_SOURCE_DIR} $<TARGET_FILE:duet>)
-  set_tests_properties(fit_prefill_mix PROPERTIES TIMEOUT 120)
-endif()
+duet_script_check(fit_prefill_mix check_fit_prefill_mix.py 120 ${PROJECT_SOURCE_DIR} $<TARGET_FILE:duet>)
 
 # scripts/repeat-spread.py on the stored H200 serving runs: which runs it pairs, and their cells.
-if(EXISTS /usr/bin/python3)
-  add_test(NAME repeat_spread
-           COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/tools/check_repeat_spread.py ${PROJECT_SOURCE_DIR})
-  set_tests_properties(repeat_spread PROPERTIES TIMEOUT 60)
-endif()
+duet_script_check(repeat_spread check_repeat_spread.py 60 ${PROJECT_SOURCE_DIR})
 
 # The H100 serving-fidelity figures of docs/benchmarks.md, recomputed from the stored runs
 # (skipped without the Azure traces in ../shared/traces).
-if(EXISTS /usr/bin/python3)
-  add_test(NAME h100_fidelity
-           COMMAND /usr/bin/python3 ${CMAKE_CURRENT_LIST_DIR}/tools/check_h100_fidelity.py ${PROJECT_SOURCE_DIR} $<TARGET_FILE:duet>)
-  set_tests_properties(h100_fidelity PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
-endif()
+duet_script_check(h100_fidelity check_h100_fidelity.py 300 ${PROJECT_SOURCE_DIR} $<TARGET_FILE:duet>)
