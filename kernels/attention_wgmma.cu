@@ -22,7 +22,10 @@
 //     the two warpgroups never wait for each other and drift into overlapping one's softmax with
 //     the other's GEMMs;
 //   variant 6: variant 5 with the warpgroups taking turns to issue their S GEMMs (named barriers),
-//     so that one's softmax overlaps the other's GEMM by construction.
+//     so that one's softmax overlaps the other's GEMM by construction;
+//   variant 7: variant 5 with each warpgroup's own GEMMs overlapping its softmax
+//     (FlashAttention-3's intra-warpgroup pipelining): tile j's S GEMM is issued together with
+//     tile j - 1's P V GEMM, and tile j's softmax runs while the P V GEMM does.
 
 namespace duet::kernels {
 
@@ -72,9 +75,13 @@ __device__ __forceinline__ void wgmma_fence() {
 __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void wgmma_wait_all() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+/// Waits until at most N of this warpgroup's committed wgmma groups are still running (groups
+/// complete in the order they were committed).
+template <int N = 0>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+__device__ __forceinline__ void wgmma_wait_all() { wgmma_wait<0>(); }
 /// Makes this thread's generic-proxy writes to shared memory (cp.async) visible to wgmma.
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -260,6 +267,48 @@ __device__ __forceinline__ void turn_pass(int wg) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(2 - wg), "n"(consumer_threads) : "memory");
 }
 
+/// Issues S = Q K^T for the warpgroup's 64 rows and one tile of K (asynchronous; the caller
+/// fences and commits).
+__device__ __forceinline__ void issue_scores(float (&s)[16][4], uint32_t q_wg, uint32_t k_t) {
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {  // 16 columns of the head a step; halves of 64 columns
+    const uint32_t col = static_cast<uint32_t>((kk >> 2) * 16384 + (kk & 3) * 32);
+    wgmma_ss_m64n128k16(s, smem_desc(q_wg + col, 16, 1024), smem_desc(k_t + col, 16, 1024), kk);
+  }
+}
+
+/// Issues O += P V for one tile of V, P in registers (asynchronous; the caller fences and
+/// commits).
+__device__ __forceinline__ void issue_pv(float (&o)[16][4], const uint32_t (&a)[8][4], uint32_t v_t) {
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)  // 16 keys a step: V rows 16 kk.., both 64-column halves
+    wgmma_rs_m64n128k16_tb(o, a[kk], smem_desc(v_t + kk * 2048, half_bytes, 1024));
+}
+
+/// Causal mask of the tile at key0 over this thread's two rows.
+__device__ __forceinline__ void mask_scores(float (&s)[16][4], const wg_rows_state& st, int key0,
+                                            int t) {
+  if (key0 + tile_keys - 1 <= st.first) return;  // every key lies at or before every row
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (key0 + nt * 8 + 2 * t + (e & 1) > st.pos[e >> 1]) s[nt][e] = -INFINITY;
+    }
+  }
+}
+
+/// The probabilities, rounded to bf16, as the A fragments of the P V wgmma.
+__device__ __forceinline__ void pack_probabilities(const float (&s)[16][4], uint32_t (&a)[8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    a[kk][0] = dev::pack(s[2 * kk][0], s[2 * kk][1]);
+    a[kk][1] = dev::pack(s[2 * kk][2], s[2 * kk][3]);
+    a[kk][2] = dev::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    a[kk][3] = dev::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+}
+
 /// One K/V tile's flash-attention step for a warpgroup: S = Q K^T, causal mask, online softmax,
 /// O += P V. q_wg, k_t, v_t: shared addresses of the warpgroup's Q rows and the tile's K and V.
 /// pass_turn: after issuing S, hand the tensor cores' turn to the other warpgroup (variant 6).
@@ -269,43 +318,89 @@ __device__ __forceinline__ void tile_step(wg_rows_state& st, uint32_t q_wg, uint
   float s[16][4] = {};
   fence_regs(s);
   wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk) {  // 16 columns of the head a step; halves of 64 columns
-    const uint32_t col = static_cast<uint32_t>((kk >> 2) * 16384 + (kk & 3) * 32);
-    wgmma_ss_m64n128k16(s, smem_desc(q_wg + col, 16, 1024), smem_desc(k_t + col, 16, 1024), kk);
-  }
+  issue_scores(s, q_wg, k_t);
   wgmma_commit();
   if (pass_turn) turn_pass(wg);
   wgmma_wait_all();
   fence_regs(s);
-  if (key0 + tile_keys - 1 > st.first) {  // some key lies after some row: mask
-#pragma unroll
-    for (int nt = 0; nt < 16; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (key0 + nt * 8 + 2 * t + (e & 1) > st.pos[e >> 1]) s[nt][e] = -INFINITY;
-      }
-    }
-  }
+  mask_scores(s, st, key0, t);
   tile::softmax_update_lazy<16>(s, st.m, st.l, st.o, scale_log2);
   uint32_t a[8][4];
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk) {
-    a[kk][0] = dev::pack(s[2 * kk][0], s[2 * kk][1]);
-    a[kk][1] = dev::pack(s[2 * kk][2], s[2 * kk][3]);
-    a[kk][2] = dev::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    a[kk][3] = dev::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-  }
+  pack_probabilities(s, a);
   fence_regs(st.o);
   fence_regs(a);
   wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk)  // 16 keys a step: V rows 16 kk.., both 64-column halves
-    wgmma_rs_m64n128k16_tb(st.o, a[kk], smem_desc(v_t + kk * 2048, half_bytes, 1024));
+  issue_pv(st.o, a, v_t);
   wgmma_commit();
   wgmma_wait_all();
   fence_regs(st.o);
   fence_regs(a);
+}
+
+/// Variant 7's consumer loop for one warpgroup: tile j's S GEMM and tile j - 1's P V GEMM are
+/// issued together; tile j's softmax runs while the P V GEMM does, and O is rescaled (when the
+/// maxima moved) once that GEMM is done. The tiles the warpgroup needs are a prefix of the
+/// CTA's; it still waits for and releases every tile, as the producer counts on all eight warps.
+/// wait_full(j) blocks until tile j's stage has landed; release(j) gives its stage back.
+template <typename WaitFull, typename Release>
+__device__ __forceinline__ void consume_pipelined(wg_rows_state& st, uint32_t q_wg,
+                                                  uint32_t kv_s, int n_tiles, int t,
+                                                  float scale_log2, WaitFull wait_full,
+                                                  Release release) {
+  auto k_tile = [&](int j) { return kv_s + static_cast<uint32_t>((j % stages) * stage_bytes); };
+  const int n_need = st.has_rows ? min(n_tiles, st.last / tile_keys + 1) : 0;
+  uint32_t a[8][4];
+  float alpha[2];
+  if (n_need > 0) {
+    wait_full(0);
+    float s[16][4] = {};
+    fence_regs(s);
+    wgmma_fence();
+    issue_scores(s, q_wg, k_tile(0));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(s);
+    mask_scores(s, st, 0, t);
+    tile::softmax_update_deferred<16>(s, st.m, st.l, alpha, scale_log2);  // O is still zero
+    pack_probabilities(s, a);
+  }
+  for (int j = 1; j < n_need; ++j) {
+    wait_full(j);
+    float s[16][4] = {};
+    fence_regs(s);
+    fence_regs(st.o);
+    fence_regs(a);
+    wgmma_fence();
+    issue_scores(s, q_wg, k_tile(j));
+    wgmma_commit();
+    issue_pv(st.o, a, k_tile(j - 1) + kv_bytes);
+    wgmma_commit();
+    wgmma_wait<1>();  // S of tile j is done; P V of tile j - 1 may still run
+    fence_regs(s);
+    mask_scores(s, st, j * tile_keys, t);
+    const bool rescale = tile::softmax_update_deferred<16>(s, st.m, st.l, alpha, scale_log2);
+    wgmma_wait<0>();
+    fence_regs(st.o);
+    fence_regs(a);
+    release(j - 1);
+    if (rescale) tile::rescale_rows(st.o, alpha);
+    pack_probabilities(s, a);
+  }
+  if (n_need > 0) {
+    fence_regs(st.o);
+    fence_regs(a);
+    wgmma_fence();
+    issue_pv(st.o, a, k_tile(n_need - 1) + kv_bytes);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(st.o);
+    fence_regs(a);
+    release(n_need - 1);
+  }
+  for (int j = n_need; j < n_tiles; ++j) {  // tiles past this warpgroup's rows
+    wait_full(j);
+    release(j);
+  }
 }
 
 /// O / l of this thread's two rows to p.out.
@@ -398,11 +493,71 @@ __global__ void __launch_bounds__(consumer_threads, 1)
 #endif
 }
 
-/// Variants 5 and 6 (PingPong): warps 0-7 consume, warp 8 produces with TMA. kv_map views the
-/// pool as rows of 128 bf16 (row = block * block_elems / 128 + ((layer * 2 + K/V) * kv_heads +
-/// kv_head) * block_tokens + slot), boxes of 64 columns by block_tokens rows, swizzle 128B.
-template <bool PingPong>
-__global__ void __launch_bounds__(consumer_threads + producer_threads, 1)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/// The producer warp's loop: tile j's K and V, whole KV blocks by TMA, into stage j % stages once
+/// all eight consumer warps have released the tile that stage held before.
+__device__ __forceinline__ void produce_tiles(const prefill_attention_params& p, const cta_work& w,
+                                              const CUtensorMap* kv_map, uint32_t kv_s,
+                                              uint32_t full, uint32_t empty, int lane) {
+  const int n_tiles = w.n_tiles();
+  const int bt = static_cast<int>(p.kv.block_tokens);
+  const int tile_blocks = tile_keys / bt;  // <= 16 (block_tokens >= 8)
+  const int last_block = (w.kv_len - 1) / bt;
+  const int rows_per_block = static_cast<int>(p.kv.block_elems / head_dim);
+  auto block_at = [&](int j) {  // this lane's block of tile j; past the sequence, its first
+    const int b = j * tile_blocks + lane;
+    return lane < tile_blocks ? w.table[b <= last_block ? b : 0] : 0;
+  };
+  int32_t block = block_at(0);
+  for (int j = 0; j < n_tiles; ++j) {
+    const int s = j % stages;
+    if (j >= stages) mbar_wait(empty + 8 * s, static_cast<uint32_t>((j / stages - 1) & 1));
+    if (lane == 0) mbar_arrive_expect_tx(full + 8 * s, stage_bytes);
+    __syncwarp();
+    const int32_t next = j + 1 < n_tiles ? block_at(j + 1) : 0;
+    if (lane < tile_blocks) {
+      const uint32_t dst = kv_s + static_cast<uint32_t>(s * stage_bytes + lane * bt * 128);
+#pragma unroll
+      for (int sel = 0; sel < 2; ++sel) {
+        const int r0 = block * rows_per_block +
+                       ((static_cast<int>(p.layer) * 2 + sel) * static_cast<int>(p.kv.kv_heads) +
+                        static_cast<int>(w.kv_head)) *
+                           bt;
+        tma_load_2d(dst + sel * kv_bytes, kv_map, 0, r0, full + 8 * s);
+        tma_load_2d(dst + sel * kv_bytes + half_bytes, kv_map, 64, r0, full + 8 * s);
+      }
+    }
+    block = next;
+  }
+}
+
+constexpr int pipelined_producer_registers = 40;  // 128 x 40 + 256 x 232 <= 65,536
+constexpr int pipelined_consumer_registers = 232;
+
+/// Hands registers between the warpgroups of a CTA (sm_90a): the producer's warpgroup gives
+/// back down to N per thread, the consumers' take up to N once the producer has given them.
+template <int N>
+__device__ __forceinline__ void registers_release() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void registers_take() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+/// The producer's threads: variants 5 and 6 one warp; variant 7 a whole warpgroup, so that the
+/// register file can move to the consumers (setmaxnreg works on warpgroups): at 288 threads a
+/// scheduler holds three warps and a thread at most 168 registers, too few for variant 7's S, O
+/// and P at once (ptxas serialized its wgmmas and spilled).
+template <bool Pipelined>
+constexpr int tma_producer_threads = Pipelined ? 128 : producer_threads;
+/// Variants 5, 6 (PingPong) and 7 (Pipelined): warps 0-7 consume, warp 8 produces with TMA.
+/// kv_map views the pool as rows of 128 bf16 (row = block * block_elems / 128 + ((layer * 2 +
+/// K/V) * kv_heads + kv_head) * block_tokens + slot), boxes of 64 columns by block_tokens rows,
+/// swizzle 128B.
+template <bool PingPong, bool Pipelined>
+__global__ void __launch_bounds__(consumer_threads + tma_producer_threads<Pipelined>, 1)
     prefill_kernel_wgmma_tma(prefill_attention_params p, const __grid_constant__ CUtensorMap kv_map) {
   dev::pdl_wait();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -427,36 +582,9 @@ __global__ void __launch_bounds__(consumer_threads + producer_threads, 1)
   fence_proxy_async();
   __syncthreads();  // Q and the barriers ready
 
-  if (tid >= consumer_threads) {  // the producer warp
-    const int bt = static_cast<int>(p.kv.block_tokens);
-    const int tile_blocks = tile_keys / bt;  // <= 16 (block_tokens >= 8)
-    const int last_block = (w.kv_len - 1) / bt;
-    const int rows_per_block = static_cast<int>(p.kv.block_elems / head_dim);
-    auto block_at = [&](int j) {  // this lane's block of tile j; past the sequence, its first
-      const int b = j * tile_blocks + lane;
-      return lane < tile_blocks ? w.table[b <= last_block ? b : 0] : 0;
-    };
-    int32_t block = block_at(0);
-    for (int j = 0; j < n_tiles; ++j) {
-      const int s = j % stages;
-      if (j >= stages) mbar_wait(empty + 8 * s, static_cast<uint32_t>((j / stages - 1) & 1));
-      if (lane == 0) mbar_arrive_expect_tx(full + 8 * s, stage_bytes);
-      __syncwarp();
-      const int32_t next = j + 1 < n_tiles ? block_at(j + 1) : 0;
-      if (lane < tile_blocks) {
-        const uint32_t dst = kv_s + static_cast<uint32_t>(s * stage_bytes + lane * bt * 128);
-#pragma unroll
-        for (int sel = 0; sel < 2; ++sel) {
-          const int r0 = block * rows_per_block +
-                         ((static_cast<int>(p.layer) * 2 + sel) * static_cast<int>(p.kv.kv_heads) +
-                          static_cast<int>(w.kv_head)) *
-                             bt;
-          tma_load_2d(dst + sel * kv_bytes, &kv_map, 0, r0, full + 8 * s);
-          tma_load_2d(dst + sel * kv_bytes + half_bytes, &kv_map, 64, r0, full + 8 * s);
-        }
-      }
-      block = next;
-    }
+  if (tid >= consumer_threads) {  // the producer warp (variant 7: its warpgroup)
+    if constexpr (Pipelined) registers_release<pipelined_producer_registers>();
+    if (tid < consumer_threads + 32) produce_tiles(p, w, &kv_map, kv_s, full, empty, lane);
     return;
   }
 
@@ -465,6 +593,18 @@ __global__ void __launch_bounds__(consumer_threads + producer_threads, 1)
   wg_rows_state st;
   st.init(w, wg, warp, lane);
   const uint32_t q_wg = q_s + static_cast<uint32_t>(wg * wg_rows * 128);
+  if constexpr (Pipelined) {
+    registers_take<pipelined_consumer_registers>();
+    consume_pipelined(
+        st, q_wg, kv_s, n_tiles, lane & 3, scale_log2,
+        [&](int j) { mbar_wait(full + 8 * (j % stages), static_cast<uint32_t>((j / stages) & 1)); },
+        [&](int j) {
+          __syncwarp();
+          if (lane == 0) mbar_arrive(empty + 8 * (j % stages));  // this warp is done with it
+        });
+    store_rows(p, w, st, warp, lane);
+    return;
+  }
   // Ping-pong: warpgroup 0 takes the first turn. Every tile is a turn for both (a warpgroup
   // past its rows only passes it on), and warpgroup 1 passes none after the last tile, so both
   // barriers end complete.
@@ -517,7 +657,7 @@ bool prefill_attention_wgmma_available() {
 
 kstatus prefill_attention_wgmma(const prefill_attention_params& p, cudaStream_t stream) {
   DUET_KREQUIRE(prefill_attention_wgmma_available(),
-                "prefill_attention: variants 4 to 6 (wgmma) need a compute capability 9.0 GPU");
+                "prefill_attention: variants 4 to 7 (wgmma) need a compute capability 9.0 GPU");
   const uint32_t vrows = p.max_seq_rows * (p.heads / p.kv_heads);
   const dim3 grid((vrows + cta_rows - 1) / cta_rows, p.kv_heads, p.seqs);
   if (p.variant == 4) {
@@ -528,8 +668,8 @@ kstatus prefill_attention_wgmma(const prefill_attention_params& p, cudaStream_t 
   }
   const uint32_t bt = p.kv.block_tokens;
   DUET_KREQUIRE(bt >= 8 && bt <= 128 && (bt & (bt - 1)) == 0,
-                "prefill_attention: variants 5 and 6 need block_tokens a power of two from 8 to 128");
-  DUET_KREQUIRE(p.kv.blocks > 0, "prefill_attention: variants 5 and 6 need kv.blocks (the pool's size)");
+                "prefill_attention: variants 5 to 7 need block_tokens a power of two from 8 to 128");
+  DUET_KREQUIRE(p.kv.blocks > 0, "prefill_attention: variants 5 to 7 need kv.blocks (the pool's size)");
   const uint64_t pool_rows = uint64_t{p.kv.blocks} * (p.kv.block_elems / head_dim);
   DUET_KREQUIRE(pool_rows < (1ull << 31), "prefill_attention: pool over 2^31 rows of 128");
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
@@ -544,11 +684,14 @@ kstatus prefill_attention_wgmma(const prefill_attention_params& p, cudaStream_t 
                                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   DUET_KREQUIRE(made == CUDA_SUCCESS, "prefill_attention: cuTensorMapEncodeTiled refused the pool");
-  auto* kernel = p.variant == 6 ? prefill_kernel_wgmma_tma<true> : prefill_kernel_wgmma_tma<false>;
+  auto* kernel = p.variant == 6   ? prefill_kernel_wgmma_tma<true, false>
+                 : p.variant == 7 ? prefill_kernel_wgmma_tma<false, true>
+                                  : prefill_kernel_wgmma_tma<false, false>;
   DUET_KCHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, wgmma_smem));
-  DUET_KCHECK(launch(kernel, grid, dim3(consumer_threads + producer_threads), wgmma_smem, stream,
-                     p, map));
+  const int threads =
+      consumer_threads + (p.variant == 7 ? tma_producer_threads<true> : tma_producer_threads<false>);
+  DUET_KCHECK(launch(kernel, grid, dim3(threads), wgmma_smem, stream, p, map));
   return {};
 }
 

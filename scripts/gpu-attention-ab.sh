@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Prefill attention variants side by side on the GPU machine, in one device call:
+#   build -> the prefill attention kernel tests (every variant against the fp64 reference,
+#   outputs poisoned) -> one-layer kernel rates of every variant (bench_cuda_engine
+#   --kernels-only) -> the engine tests and the engine's prefill rows (--prefill-only) with each
+#   variant of GPU_AB_VARIANTS in turn, alternating for GPU_AB_ROUNDS rounds -> memcheck and
+#   racecheck on the attention tests -> a summary table.
+# Run from the repository root (docs/cuda-engine.md gives the device call):
+#   GPU_AB_VARIANTS=5,7 bash scripts/gpu-attention-ab.sh
+# GPU_AB_DEADLINE (seconds, default 560): stages that would not fit are skipped, and said so.
+set -u
+export OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+BUILD=${GPU_CHECK_BUILD:-build-gpu}
+CKPT=$BUILD/r1-distill-llama-8b-random
+VARIANTS=${GPU_AB_VARIANTS:-5,7}
+ROUNDS=${GPU_AB_ROUNDS:-2}
+DEADLINE=${GPU_AB_DEADLINE:-560}
+
+GPU_CHECK_STAGES=build GPU_CHECK_BUILD=$BUILD bash scripts/gpu-check.sh || exit 1
+exec > >(tee -a "$OUT/attention-ab.log") 2>&1
+source "$(dirname "$0")/gpu-env.sh"
+
+failed=()
+run() {  # run NAME TIMEOUT CMD...: records a failure, never stops the script
+  local name=$1 limit=$2; shift 2
+  if [ $((SECONDS + limit / 3)) -gt "$DEADLINE" ]; then
+    echo "=== $name skipped: ${SECONDS}s used of ${DEADLINE}s"
+    failed+=("$name(skipped)")
+    return 1
+  fi
+  echo "=== $name ($(date +%T))"
+  local t0=$SECONDS
+  timeout "$limit" "$@"
+  local rc=$?
+  echo "--- $name: exit $rc in $((SECONDS - t0)) s"
+  [ $rc -eq 0 ] || failed+=("$name($rc)")
+  return $rc
+}
+
+writer=""
+if [ ! -f "$CKPT/config.json" ]; then
+  ( "$BUILD/tests/cuda_e2e" write "$CKPT" >"$BUILD/ckpt.log" 2>&1 ) &
+  writer=$!
+fi
+run kernel-tests 150 "$BUILD/tests/test_cuda_kernels" -tc='prefill_attention*'
+if [ -n "$writer" ]; then wait "$writer"; fi
+run kernel-rates 200 "$BUILD/bench/bench_cuda_engine" "$CKPT" "$OUT/kernels.json" --kernels-only
+for v in ${VARIANTS//,/ }; do
+  DUET_CUDA_ATTN_VARIANT=$v run "engine-tests-v$v" 120 "$BUILD/tests/test_cuda_engine"
+done
+for r in $(seq "$ROUNDS"); do
+  for v in ${VARIANTS//,/ }; do
+    DUET_CUDA_ATTN_VARIANT=$v run "prefill-v$v-round$r" 150 \
+      "$BUILD/bench/bench_cuda_engine" "$CKPT" "$OUT/prefill-v$v-round$r.json" --prefill-only
+  done
+done
+export DUET_CUDA_TEST_SMALL=1
+run memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+  "$BUILD/tests/test_cuda_kernels" -tc='prefill_attention*'
+run racecheck 150 compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 9 \
+  --print-limit 20 "$BUILD/tests/test_cuda_kernels" -tc='prefill_attention*'
+
+python3 - "$OUT" <<'PY' | tee "$OUT/summary.md"
+import glob, json, os, re, sys
+out = sys.argv[1]
+kernels = json.load(open(os.path.join(out, "kernels.json"))).get("kernels", {}) if os.path.exists(os.path.join(out, "kernels.json")) else {}
+print("| kernel, one layer | " + " | ".join(f"v{v}" for v in range(8)) + " |")
+print("| --- |" + " --- |" * 8)
+for shape in ("8K", "32K_last_chunk"):
+    cells = [kernels.get(f"prefill_attention_{shape}_TFLOPs_v{v}") for v in range(8)]
+    print(f"| {shape} TFLOP/s | " + " | ".join(f"{c:.0f}" if c else "-" for c in cells) + " |")
+rows = {}
+for f in sorted(glob.glob(os.path.join(out, "prefill-v*-round*.json"))):
+    v, r = re.search(r"prefill-v(\d+)-round(\d+)", f).groups()
+    for p in json.load(open(f)).get("prefill", []):
+        rows.setdefault(p["tokens"], {}).setdefault(int(v), []).append(p["tok_s"])
+variants = sorted({v for by in rows.values() for v in by})
+print()
+print("| prefill tokens | " + " | ".join(f"v{v} tok/s (rounds)" for v in variants) + " |")
+print("| --- |" + " --- |" * len(variants))
+for tokens in sorted(rows):
+    print(f"| {tokens} | " + " | ".join(", ".join(f"{x:.0f}" for x in rows[tokens].get(v, [])) for v in variants) + " |")
+PY
+echo
+if [ ${#failed[@]} -eq 0 ]; then echo "ATTENTION A/B: all stages passed"; else echo "ATTENTION A/B: FAILED: ${failed[*]}"; fi
+[ ${#failed[@]} -eq 0 ]
