@@ -40,7 +40,9 @@ constexpr int q_bytes = cta_rows * head_dim * 2;    // 32 KiB
 constexpr int kv_bytes = tile_keys * head_dim * 2;  // K or V tile: 32 KiB
 constexpr int stage_bytes = 2 * kv_bytes;
 constexpr int stages = 3;
-constexpr int barrier_bytes = 2 * stages * 8;  // variant 5: full[stages], empty[stages]
+// Variants 5 and 6: full[stages], empty[stages] (a stage's K and V together); variant 7:
+// full[2 stages], empty[2 stages] (K of stage s at s, its V at stages + s).
+constexpr int barrier_bytes = 4 * stages * 8;
 // + 1 KiB to align the tiles to 1024 bytes (the swizzle atom).
 constexpr int wgmma_smem = 1024 + q_bytes + stages * stage_bytes + barrier_bytes;
 
@@ -337,22 +339,39 @@ __device__ __forceinline__ void tile_step(wg_rows_state& st, uint32_t q_wg, uint
   fence_regs(a);
 }
 
+/// Variant 7's view of the stages from a consumer warp: K and V of a tile land and are released
+/// on barriers of their own, so a K buffer is refilled as soon as its S GEMM is done while V is
+/// still held for the P V GEMM a tile later.
+struct split_stages {
+  uint32_t full, empty;  // barrier arrays: K of stage s at 8 s, V at 8 (stages + s)
+  int lane;
+
+  __device__ __forceinline__ void wait(int j, int v) const {
+    mbar_wait(full + 8 * (v * stages + j % stages), static_cast<uint32_t>((j / stages) & 1));
+  }
+  __device__ __forceinline__ void release(int j, int v) const {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + 8 * (v * stages + j % stages));
+  }
+  __device__ __forceinline__ void wait_k(int j) const { wait(j, 0); }
+  __device__ __forceinline__ void wait_v(int j) const { wait(j, 1); }
+  __device__ __forceinline__ void release_k(int j) const { release(j, 0); }
+  __device__ __forceinline__ void release_v(int j) const { release(j, 1); }
+};
+
 /// Variant 7's consumer loop for one warpgroup: tile j's S GEMM and tile j - 1's P V GEMM are
 /// issued together; tile j's softmax runs while the P V GEMM does, and O is rescaled (when the
 /// maxima moved) once that GEMM is done. The tiles the warpgroup needs are a prefix of the
 /// CTA's; it still waits for and releases every tile, as the producer counts on all eight warps.
-/// wait_full(j) blocks until tile j's stage has landed; release(j) gives its stage back.
-template <typename WaitFull, typename Release>
 __device__ __forceinline__ void consume_pipelined(wg_rows_state& st, uint32_t q_wg,
                                                   uint32_t kv_s, int n_tiles, int t,
-                                                  float scale_log2, WaitFull wait_full,
-                                                  Release release) {
+                                                  float scale_log2, const split_stages& kv) {
   auto k_tile = [&](int j) { return kv_s + static_cast<uint32_t>((j % stages) * stage_bytes); };
   const int n_need = st.has_rows ? min(n_tiles, st.last / tile_keys + 1) : 0;
   uint32_t a[8][4];
   float alpha[2];
   if (n_need > 0) {
-    wait_full(0);
+    kv.wait_k(0);
     float s[16][4] = {};
     fence_regs(s);
     wgmma_fence();
@@ -360,12 +379,14 @@ __device__ __forceinline__ void consume_pipelined(wg_rows_state& st, uint32_t q_
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(s);
+    kv.release_k(0);
     mask_scores(s, st, 0, t);
     tile::softmax_update_deferred<16>(s, st.m, st.l, alpha, scale_log2);  // O is still zero
     pack_probabilities(s, a);
   }
   for (int j = 1; j < n_need; ++j) {
-    wait_full(j);
+    kv.wait_k(j);
+    kv.wait_v(j - 1);
     float s[16][4] = {};
     fence_regs(s);
     fence_regs(st.o);
@@ -377,16 +398,18 @@ __device__ __forceinline__ void consume_pipelined(wg_rows_state& st, uint32_t q_
     wgmma_commit();
     wgmma_wait<1>();  // S of tile j is done; P V of tile j - 1 may still run
     fence_regs(s);
+    kv.release_k(j);
     mask_scores(s, st, j * tile_keys, t);
     const bool rescale = tile::softmax_update_deferred<16>(s, st.m, st.l, alpha, scale_log2);
     wgmma_wait<0>();
     fence_regs(st.o);
     fence_regs(a);
-    release(j - 1);
+    kv.release_v(j - 1);
     if (rescale) tile::rescale_rows(st.o, alpha);
     pack_probabilities(s, a);
   }
   if (n_need > 0) {
+    kv.wait_v(n_need - 1);
     fence_regs(st.o);
     fence_regs(a);
     wgmma_fence();
@@ -395,11 +418,13 @@ __device__ __forceinline__ void consume_pipelined(wg_rows_state& st, uint32_t q_
     wgmma_wait<0>();
     fence_regs(st.o);
     fence_regs(a);
-    release(n_need - 1);
+    kv.release_v(n_need - 1);
   }
   for (int j = n_need; j < n_tiles; ++j) {  // tiles past this warpgroup's rows
-    wait_full(j);
-    release(j);
+    kv.wait_k(j);
+    kv.release_k(j);
+    kv.wait_v(j);
+    kv.release_v(j);
   }
 }
 
@@ -494,39 +519,75 @@ __global__ void __launch_bounds__(consumer_threads, 1)
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/// The producer warp's loop: tile j's K and V, whole KV blocks by TMA, into stage j % stages once
-/// all eight consumer warps have released the tile that stage held before.
-__device__ __forceinline__ void produce_tiles(const prefill_attention_params& p, const cta_work& w,
-                                              const CUtensorMap* kv_map, uint32_t kv_s,
-                                              uint32_t full, uint32_t empty, int lane) {
-  const int n_tiles = w.n_tiles();
-  const int bt = static_cast<int>(p.kv.block_tokens);
-  const int tile_blocks = tile_keys / bt;  // <= 16 (block_tokens >= 8)
-  const int last_block = (w.kv_len - 1) / bt;
-  const int rows_per_block = static_cast<int>(p.kv.block_elems / head_dim);
-  auto block_at = [&](int j) {  // this lane's block of tile j; past the sequence, its first
+/// The producer warp's TMA copies of one K or V tile: lane l < tile_blocks copies the tile's l-th
+/// KV block (past the sequence, the sequence's first block).
+struct tile_loader {
+  const prefill_attention_params& p;
+  const cta_work& w;
+  const CUtensorMap* map;
+  int lane, bt, tile_blocks, last_block, rows_per_block;
+
+  __device__ __forceinline__ tile_loader(const prefill_attention_params& p_, const cta_work& w_,
+                                         const CUtensorMap* map_, int lane_)
+      : p(p_), w(w_), map(map_), lane(lane_), bt(static_cast<int>(p_.kv.block_tokens)),
+        tile_blocks(tile_keys / bt),  // <= 16 (block_tokens >= 8)
+        last_block((w_.kv_len - 1) / bt),
+        rows_per_block(static_cast<int>(p_.kv.block_elems / head_dim)) {}
+
+  /// This lane's block of tile j (0 for lanes past the tile's blocks).
+  [[nodiscard]] __device__ __forceinline__ int32_t block_at(int j) const {
     const int b = j * tile_blocks + lane;
     return lane < tile_blocks ? w.table[b <= last_block ? b : 0] : 0;
-  };
-  int32_t block = block_at(0);
+  }
+  /// K (sel 0) or V (sel 1) of this lane's block into the tile at dst, completing on bar.
+  __device__ __forceinline__ void load(int32_t block, int sel, uint32_t dst, uint32_t bar) const {
+    if (lane >= tile_blocks) return;
+    const int r0 = block * rows_per_block +
+                   ((static_cast<int>(p.layer) * 2 + sel) * static_cast<int>(p.kv.kv_heads) +
+                    static_cast<int>(w.kv_head)) *
+                       bt;
+    dst += static_cast<uint32_t>(lane * bt * 128);
+    tma_load_2d(dst, map, 0, r0, bar);
+    tma_load_2d(dst + half_bytes, map, 64, r0, bar);
+  }
+};
+
+/// Variants 5 and 6's producer: tile j's K and V into stage j % stages once all eight consumer
+/// warps have released the tile that stage held before.
+__device__ __forceinline__ void produce_tiles(const tile_loader& ld, uint32_t kv_s, uint32_t full,
+                                              uint32_t empty, int n_tiles) {
+  int32_t block = ld.block_at(0);
   for (int j = 0; j < n_tiles; ++j) {
     const int s = j % stages;
     if (j >= stages) mbar_wait(empty + 8 * s, static_cast<uint32_t>((j / stages - 1) & 1));
-    if (lane == 0) mbar_arrive_expect_tx(full + 8 * s, stage_bytes);
+    if (ld.lane == 0) mbar_arrive_expect_tx(full + 8 * s, stage_bytes);
     __syncwarp();
-    const int32_t next = j + 1 < n_tiles ? block_at(j + 1) : 0;
-    if (lane < tile_blocks) {
-      const uint32_t dst = kv_s + static_cast<uint32_t>(s * stage_bytes + lane * bt * 128);
-#pragma unroll
-      for (int sel = 0; sel < 2; ++sel) {
-        const int r0 = block * rows_per_block +
-                       ((static_cast<int>(p.layer) * 2 + sel) * static_cast<int>(p.kv.kv_heads) +
-                        static_cast<int>(w.kv_head)) *
-                           bt;
-        tma_load_2d(dst + sel * kv_bytes, kv_map, 0, r0, full + 8 * s);
-        tma_load_2d(dst + sel * kv_bytes + half_bytes, kv_map, 64, r0, full + 8 * s);
-      }
-    }
+    const int32_t next = j + 1 < n_tiles ? ld.block_at(j + 1) : 0;
+    const uint32_t dst = kv_s + static_cast<uint32_t>(s * stage_bytes);
+    ld.load(block, 0, dst, full + 8 * s);
+    ld.load(block, 1, dst + kv_bytes, full + 8 * s);
+    block = next;
+  }
+}
+
+/// Variant 7's producer: K and V of a tile on barriers of their own (split_stages), in the order
+/// the consumers take them: K 0, then K j + 1 before V j.
+__device__ __forceinline__ void produce_tiles_split(const tile_loader& ld, uint32_t kv_s,
+                                                    uint32_t full, uint32_t empty, int n_tiles) {
+  auto load = [&](int j, int sel, int32_t block) {
+    const int b = sel * stages + j % stages;
+    if (j >= stages) mbar_wait(empty + 8 * b, static_cast<uint32_t>((j / stages - 1) & 1));
+    if (ld.lane == 0) mbar_arrive_expect_tx(full + 8 * b, kv_bytes);
+    __syncwarp();
+    ld.load(block, sel, kv_s + static_cast<uint32_t>((j % stages) * stage_bytes + sel * kv_bytes),
+            full + 8 * b);
+  };
+  int32_t block = ld.block_at(0);
+  load(0, 0, block);
+  for (int j = 0; j < n_tiles; ++j) {
+    const int32_t next = j + 1 < n_tiles ? ld.block_at(j + 1) : 0;
+    if (j + 1 < n_tiles) load(j + 1, 0, next);
+    load(j, 1, block);
     block = next;
   }
 }
@@ -565,13 +626,13 @@ __global__ void __launch_bounds__(consumer_threads + tma_producer_threads<Pipeli
   const uint32_t q_s = (dev::smem_addr(smem_raw) + 1023) & ~1023u;
   const uint32_t kv_s = q_s + q_bytes;
   const uint32_t full = kv_s + stages * stage_bytes;  // mbarrier of stage s at full + 8 s
-  const uint32_t empty = full + stages * 8;
+  const uint32_t empty = full + 2 * stages * 8;
   cta_work w;
   if (!w.init(p)) return;
   const int tid = threadIdx.x, lane = tid & 31;
   const int n_tiles = w.n_tiles();
   if (tid == 0) {
-    for (int s = 0; s < stages; ++s) {
+    for (int s = 0; s < (Pipelined ? 2 : 1) * stages; ++s) {
       mbar_init(full + 8 * s, 1);                       // the producer's expect_tx arrival
       mbar_init(empty + 8 * s, consumer_threads / 32);  // one arrival per consumer warp
     }
@@ -584,7 +645,13 @@ __global__ void __launch_bounds__(consumer_threads + tma_producer_threads<Pipeli
 
   if (tid >= consumer_threads) {  // the producer warp (variant 7: its warpgroup)
     if constexpr (Pipelined) registers_release<pipelined_producer_registers>();
-    if (tid < consumer_threads + 32) produce_tiles(p, w, &kv_map, kv_s, full, empty, lane);
+    if (tid >= consumer_threads + 32) return;
+    const tile_loader ld(p, w, &kv_map, lane);
+    if constexpr (Pipelined) {
+      produce_tiles_split(ld, kv_s, full, empty, n_tiles);
+    } else {
+      produce_tiles(ld, kv_s, full, empty, n_tiles);
+    }
     return;
   }
 
@@ -595,13 +662,7 @@ __global__ void __launch_bounds__(consumer_threads + tma_producer_threads<Pipeli
   const uint32_t q_wg = q_s + static_cast<uint32_t>(wg * wg_rows * 128);
   if constexpr (Pipelined) {
     registers_take<pipelined_consumer_registers>();
-    consume_pipelined(
-        st, q_wg, kv_s, n_tiles, lane & 3, scale_log2,
-        [&](int j) { mbar_wait(full + 8 * (j % stages), static_cast<uint32_t>((j / stages) & 1)); },
-        [&](int j) {
-          __syncwarp();
-          if (lane == 0) mbar_arrive(empty + 8 * (j % stages));  // this warp is done with it
-        });
+    consume_pipelined(st, q_wg, kv_s, n_tiles, lane & 3, scale_log2, split_stages{full, empty, lane});
     store_rows(p, w, st, warp, lane);
     return;
   }
