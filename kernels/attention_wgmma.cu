@@ -25,7 +25,10 @@
 //     so that one's softmax overlaps the other's GEMM by construction;
 //   variant 7: variant 5 with each warpgroup's own GEMMs overlapping its softmax
 //     (FlashAttention-3's intra-warpgroup pipelining): tile j's S GEMM is issued together with
-//     tile j - 1's P V GEMM, and tile j's softmax runs while the P V GEMM does.
+//     tile j - 1's P V GEMM, and tile j's softmax runs while the P V GEMM does; K and V land on
+//     barriers of their own, and the producer is a whole warpgroup that hands its registers to
+//     the consumers;
+//   variant 8: variant 7 with variant 6's turns.
 
 namespace duet::kernels {
 
@@ -359,30 +362,50 @@ struct split_stages {
   __device__ __forceinline__ void release_v(int j) const { release(j, 1); }
 };
 
-/// Variant 7's consumer loop for one warpgroup: tile j's S GEMM and tile j - 1's P V GEMM are
-/// issued together; tile j's softmax runs while the P V GEMM does, and O is rescaled (when the
-/// maxima moved) once that GEMM is done. The tiles the warpgroup needs are a prefix of the
+/// Variants 7 and 8's consumer loop for one warpgroup: tile j's S GEMM and tile j - 1's P V GEMM
+/// are issued together; tile j's softmax runs while the P V GEMM does, and O is rescaled (when
+/// the maxima moved) once that GEMM is done. The tiles the warpgroup needs are a prefix of the
 /// CTA's; it still waits for and releases every tile, as the producer counts on all eight warps.
+/// Turns (variant 8): the warpgroups also take turns to issue (variant 6's named barriers), so
+/// one's GEMMs run while the other does its softmax. Each takes n_tiles + 1 turns, one per issue
+/// point and one after each tile past its rows, whatever its rows need.
+template <bool Turns>
 __device__ __forceinline__ void consume_pipelined(wg_rows_state& st, uint32_t q_wg,
-                                                  uint32_t kv_s, int n_tiles, int t,
+                                                  uint32_t kv_s, int n_tiles, int t, int wg,
                                                   float scale_log2, const split_stages& kv) {
   auto k_tile = [&](int j) { return kv_s + static_cast<uint32_t>((j % stages) * stage_bytes); };
   const int n_need = st.has_rows ? min(n_tiles, st.last / tile_keys + 1) : 0;
+  auto begin_turn = [&] {
+    if constexpr (Turns) turn_wait(wg);
+  };
+  auto end_turn = [&](int k) {  // warpgroup 1 passes none after the last turn (k = n_tiles)
+    if constexpr (Turns) {
+      if (wg == 0 || k < n_tiles) turn_pass(wg);
+    }
+  };
+  if constexpr (Turns) {
+    if (wg == 1) turn_pass(wg);  // warpgroup 0 takes the first turn
+  }
   uint32_t a[8][4];
   float alpha[2];
   if (n_need > 0) {
     kv.wait_k(0);
     float s[16][4] = {};
     fence_regs(s);
+    begin_turn();
     wgmma_fence();
     issue_scores(s, q_wg, k_tile(0));
     wgmma_commit();
+    end_turn(0);
     wgmma_wait<0>();
     fence_regs(s);
     kv.release_k(0);
     mask_scores(s, st, 0, t);
     tile::softmax_update_deferred<16>(s, st.m, st.l, alpha, scale_log2);  // O is still zero
     pack_probabilities(s, a);
+  } else {
+    begin_turn();
+    end_turn(0);
   }
   for (int j = 1; j < n_need; ++j) {
     kv.wait_k(j);
@@ -391,11 +414,13 @@ __device__ __forceinline__ void consume_pipelined(wg_rows_state& st, uint32_t q_
     fence_regs(s);
     fence_regs(st.o);
     fence_regs(a);
+    begin_turn();
     wgmma_fence();
     issue_scores(s, q_wg, k_tile(j));
     wgmma_commit();
     issue_pv(st.o, a, k_tile(j - 1) + kv_bytes);
     wgmma_commit();
+    end_turn(j);
     wgmma_wait<1>();  // S of tile j is done; P V of tile j - 1 may still run
     fence_regs(s);
     kv.release_k(j);
@@ -412,19 +437,25 @@ __device__ __forceinline__ void consume_pipelined(wg_rows_state& st, uint32_t q_
     kv.wait_v(n_need - 1);
     fence_regs(st.o);
     fence_regs(a);
+    begin_turn();
     wgmma_fence();
     issue_pv(st.o, a, k_tile(n_need - 1) + kv_bytes);
     wgmma_commit();
+    end_turn(n_need);
     wgmma_wait<0>();
     fence_regs(st.o);
     fence_regs(a);
     kv.release_v(n_need - 1);
   }
-  for (int j = n_need; j < n_tiles; ++j) {  // tiles past this warpgroup's rows
+  // Tiles past this warpgroup's rows: released before the turn after them, since the other
+  // warpgroup's turns may wait for the producer to refill their stages.
+  for (int j = n_need; j < n_tiles; ++j) {
     kv.wait_k(j);
     kv.release_k(j);
     kv.wait_v(j);
     kv.release_v(j);
+    begin_turn();
+    end_turn(j + 1);
   }
 }
 
@@ -613,7 +644,8 @@ __device__ __forceinline__ void registers_take() {
 /// and P at once (ptxas serialized its wgmmas and spilled).
 template <bool Pipelined>
 constexpr int tma_producer_threads = Pipelined ? 128 : producer_threads;
-/// Variants 5, 6 (PingPong) and 7 (Pipelined): warps 0-7 consume, warp 8 produces with TMA.
+/// Variants 5, 6 (PingPong), 7 (Pipelined) and 8 (both): warps 0-7 consume, warp 8 produces with
+/// TMA.
 /// kv_map views the pool as rows of 128 bf16 (row = block * block_elems / 128 + ((layer * 2 +
 /// K/V) * kv_heads + kv_head) * block_tokens + slot), boxes of 64 columns by block_tokens rows,
 /// swizzle 128B.
@@ -662,7 +694,8 @@ __global__ void __launch_bounds__(consumer_threads + tma_producer_threads<Pipeli
   const uint32_t q_wg = q_s + static_cast<uint32_t>(wg * wg_rows * 128);
   if constexpr (Pipelined) {
     registers_take<pipelined_consumer_registers>();
-    consume_pipelined(st, q_wg, kv_s, n_tiles, lane & 3, scale_log2, split_stages{full, empty, lane});
+    consume_pipelined<PingPong>(st, q_wg, kv_s, n_tiles, lane & 3, wg, scale_log2,
+                                split_stages{full, empty, lane});
     store_rows(p, w, st, warp, lane);
     return;
   }
@@ -718,7 +751,7 @@ bool prefill_attention_wgmma_available() {
 
 kstatus prefill_attention_wgmma(const prefill_attention_params& p, cudaStream_t stream) {
   DUET_KREQUIRE(prefill_attention_wgmma_available(),
-                "prefill_attention: variants 4 to 7 (wgmma) need a compute capability 9.0 GPU");
+                "prefill_attention: variants 4 to 8 (wgmma) need a compute capability 9.0 GPU");
   const uint32_t vrows = p.max_seq_rows * (p.heads / p.kv_heads);
   const dim3 grid((vrows + cta_rows - 1) / cta_rows, p.kv_heads, p.seqs);
   if (p.variant == 4) {
@@ -729,8 +762,8 @@ kstatus prefill_attention_wgmma(const prefill_attention_params& p, cudaStream_t 
   }
   const uint32_t bt = p.kv.block_tokens;
   DUET_KREQUIRE(bt >= 8 && bt <= 128 && (bt & (bt - 1)) == 0,
-                "prefill_attention: variants 5 to 7 need block_tokens a power of two from 8 to 128");
-  DUET_KREQUIRE(p.kv.blocks > 0, "prefill_attention: variants 5 to 7 need kv.blocks (the pool's size)");
+                "prefill_attention: variants 5 to 8 need block_tokens a power of two from 8 to 128");
+  DUET_KREQUIRE(p.kv.blocks > 0, "prefill_attention: variants 5 to 8 need kv.blocks (the pool's size)");
   const uint64_t pool_rows = uint64_t{p.kv.blocks} * (p.kv.block_elems / head_dim);
   DUET_KREQUIRE(pool_rows < (1ull << 31), "prefill_attention: pool over 2^31 rows of 128");
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
@@ -747,11 +780,12 @@ kstatus prefill_attention_wgmma(const prefill_attention_params& p, cudaStream_t 
   DUET_KREQUIRE(made == CUDA_SUCCESS, "prefill_attention: cuTensorMapEncodeTiled refused the pool");
   auto* kernel = p.variant == 6   ? prefill_kernel_wgmma_tma<true, false>
                  : p.variant == 7 ? prefill_kernel_wgmma_tma<false, true>
+                 : p.variant == 8 ? prefill_kernel_wgmma_tma<true, true>
                                   : prefill_kernel_wgmma_tma<false, false>;
   DUET_KCHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, wgmma_smem));
-  const int threads =
-      consumer_threads + (p.variant == 7 ? tma_producer_threads<true> : tma_producer_threads<false>);
+  const int threads = consumer_threads + (p.variant >= 7 ? tma_producer_threads<true>
+                                                          : tma_producer_threads<false>);
   DUET_KCHECK(launch(kernel, grid, dim3(threads), wgmma_smem, stream, p, map));
   return {};
 }
