@@ -43,13 +43,12 @@ struct prefill_attention_params {
                           // 3: variant 0 in 32-key sub-tiles; 4: wgmma, cp.async loads; 5: wgmma,
                           // a TMA producer warp (whole blocks: kv.blocks set, block_tokens a power
                           // of two >= 8, finite values in unused slots); 6: variant 5 with the
-                          // warpgroups' S GEMMs in turns; 7: variant 5 with each warpgroup's
-                          // softmax overlapping its own GEMMs; 8: variant 7 with 6's turns; 4 to
-                          // 8 need compute capability 9.0 (attention_wgmma.cuh)
+                          // warpgroups' S GEMMs in turns; 4 to 6 need compute capability 9.0
+                          // (attention_wgmma.cuh)
 };
 
 kstatus prefill_attention(const prefill_attention_params& p, cudaStream_t stream);
-/// Whether the current device runs variants 4 to 8 (wgmma, built for sm_90a): compute
+/// Whether the current device runs variants 4 to 6 (wgmma, built for sm_90a): compute
 /// capability 9.0.
 [[nodiscard]] bool prefill_attention_wgmma_available();
 /// fp64 softmax over the same bf16 inputs; writes bf16.
@@ -72,7 +71,7 @@ struct decode_attention_params {
   uint32_t max_splits = 1;        // CTAs per (sequence, KV head), <= decode_attention_max_splits
   uint32_t split_min_keys = 128;  // a split gets at least this many keys
   uint32_t variant =
-      0;  // 0 (and 2 to 8): double-buffered 16-key warp tiles; 1: the first, single-buffered kernel
+      0;  // 0 (and 2 to 6): double-buffered 16-key warp tiles; 1: the first, single-buffered kernel
   // Workspace (decode_attention_workspace_bytes), the counters zeroed once before first use;
   // every launch leaves them zero again.
   void* workspace = nullptr;

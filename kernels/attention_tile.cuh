@@ -18,51 +18,6 @@ __device__ __forceinline__ float row_max(const float (&s)[NT][4], int r) {
   return fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
 }
 
-/// Whether some row's new maximum mx exceeds its running one m by more than 8 in log2 units
-/// (FlashAttention-4's threshold, below). -inf running maxima (nothing seen yet) always grow; a
-/// -inf row maximum never does.
-__device__ __forceinline__ bool maxima_grow(const float (&mx)[2], const float (&m)[2],
-                                            float scale_log2) {
-  const bool grow = (mx[0] - m[0]) * scale_log2 > 8.0f || (mx[1] - m[1]) * scale_log2 > 8.0f;
-  return __any_sync(0xffffffffu, grow);
-}
-
-/// Moves row r's running maximum to include mx and returns the factor its O and l scale by.
-__device__ __forceinline__ float move_maximum(float& m, float mx, float scale_log2) {
-  const float m_new = fmaxf(m, mx);
-  const float alpha = m_new == -INFINITY ? 1.0f : exp2f(m * scale_log2 - m_new * scale_log2);
-  m = m_new;
-  return alpha;
-}
-
-/// The tile's probabilities against the running maxima, in place, added to the row sums.
-template <int NT>
-__device__ __forceinline__ void exponentiate(float (&s)[NT][4], const float (&m)[2], float (&l)[2],
-                                             float scale_log2) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float base = m[r] == -INFINITY ? 0.0f : m[r] * scale_log2;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      s[nt][2 * r] = exp2f(fmaf(s[nt][2 * r], scale_log2, -base));
-      s[nt][2 * r + 1] = exp2f(fmaf(s[nt][2 * r + 1], scale_log2, -base));
-      l[r] += s[nt][2 * r] + s[nt][2 * r + 1];
-    }
-  }
-}
-
-/// Scales this thread's two rows of O (16 column blocks) by alpha[0] and alpha[1].
-__device__ __forceinline__ void rescale_rows(float (&o)[16][4], const float (&alpha)[2]) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-#pragma unroll
-    for (int nt = 0; nt < 16; ++nt) {
-      o[nt][2 * r] *= alpha[r];
-      o[nt][2 * r + 1] *= alpha[r];
-    }
-  }
-}
-
 /// softmax_update with FlashAttention-4's conditional rescaling: a 16-row tile's running maxima
 /// move (and O and l are rescaled) only when some row's new maximum exceeds its running one by
 /// more than 8 in log2 units; otherwise the probabilities are taken against the stale maxima. They
@@ -74,10 +29,15 @@ __device__ __forceinline__ void softmax_update_lazy(float (&s)[NT][4], float (&m
                                                     float (&l)[2], float (&o)[16][4],
                                                     float scale_log2) {
   const float mx[2] = {row_max(s, 0), row_max(s, 1)};
-  if (maxima_grow(mx, m, scale_log2)) {
+  // -inf running maxima (nothing seen yet) always grow; a -inf row maximum never does.
+  const bool grow = (mx[0] - m[0]) * scale_log2 > 8.0f || (mx[1] - m[1]) * scale_log2 > 8.0f;
+  if (__any_sync(0xffffffffu, grow)) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float alpha = move_maximum(m[r], mx[r], scale_log2);
+      const float m_new = fmaxf(m[r], mx[r]);
+      const float alpha =
+          m_new == -INFINITY ? 1.0f : exp2f(m[r] * scale_log2 - m_new * scale_log2);
+      m[r] = m_new;
       l[r] *= alpha;
 #pragma unroll
       for (int nt = 0; nt < 16; ++nt) {
@@ -86,27 +46,16 @@ __device__ __forceinline__ void softmax_update_lazy(float (&s)[NT][4], float (&m
       }
     }
   }
-  exponentiate(s, m, l, scale_log2);
-}
-
-/// softmax_update_lazy with O's rescale left to the caller: true when O's rows must be scaled by
-/// alpha (rescale_rows). The wgmma kernel's variant 7 rescales only once the P V GEMM that is
-/// still accumulating into O has finished.
-template <int NT>
-__device__ __forceinline__ bool softmax_update_deferred(float (&s)[NT][4], float (&m)[2],
-                                                        float (&l)[2], float (&alpha)[2],
-                                                        float scale_log2) {
-  const float mx[2] = {row_max(s, 0), row_max(s, 1)};
-  const bool grow = maxima_grow(mx, m, scale_log2);
-  if (grow) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      alpha[r] = move_maximum(m[r], mx[r], scale_log2);
-      l[r] *= alpha[r];
+  for (int r = 0; r < 2; ++r) {
+    const float base = m[r] == -INFINITY ? 0.0f : m[r] * scale_log2;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      s[nt][2 * r] = exp2f(fmaf(s[nt][2 * r], scale_log2, -base));
+      s[nt][2 * r + 1] = exp2f(fmaf(s[nt][2 * r + 1], scale_log2, -base));
+      l[r] += s[nt][2 * r] + s[nt][2 * r + 1];
     }
   }
-  exponentiate(s, m, l, scale_log2);
-  return grow;
 }
 
 }  // namespace duet::kernels::tile

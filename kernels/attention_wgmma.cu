@@ -22,13 +22,7 @@
 //     the two warpgroups never wait for each other and drift into overlapping one's softmax with
 //     the other's GEMMs;
 //   variant 6: variant 5 with the warpgroups taking turns to issue their S GEMMs (named barriers),
-//     so that one's softmax overlaps the other's GEMM by construction;
-//   variant 7: variant 5 with each warpgroup's own GEMMs overlapping its softmax
-//     (FlashAttention-3's intra-warpgroup pipelining): tile j's S GEMM is issued together with
-//     tile j - 1's P V GEMM, and tile j's softmax runs while the P V GEMM does; K and V land on
-//     barriers of their own, and the producer is a whole warpgroup that hands its registers to
-//     the consumers;
-//   variant 8: variant 7 with variant 6's turns.
+//     so that one's softmax overlaps the other's GEMM by construction.
 
 namespace duet::kernels {
 
@@ -43,9 +37,7 @@ constexpr int q_bytes = cta_rows * head_dim * 2;    // 32 KiB
 constexpr int kv_bytes = tile_keys * head_dim * 2;  // K or V tile: 32 KiB
 constexpr int stage_bytes = 2 * kv_bytes;
 constexpr int stages = 3;
-// Variants 5 and 6: full[stages], empty[stages] (a stage's K and V together); variant 7:
-// full[2 stages], empty[2 stages] (K of stage s at s, its V at stages + s).
-constexpr int barrier_bytes = 4 * stages * 8;
+constexpr int barrier_bytes = 2 * stages * 8;  // variant 5: full[stages], empty[stages]
 // + 1 KiB to align the tiles to 1024 bytes (the swizzle atom).
 constexpr int wgmma_smem = 1024 + q_bytes + stages * stage_bytes + barrier_bytes;
 
@@ -80,13 +72,9 @@ __device__ __forceinline__ void wgmma_fence() {
 __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
-/// Waits until at most N of this warpgroup's committed wgmma groups are still running (groups
-/// complete in the order they were committed).
-template <int N = 0>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+__device__ __forceinline__ void wgmma_wait_all() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
-__device__ __forceinline__ void wgmma_wait_all() { wgmma_wait<0>(); }
 /// Makes this thread's generic-proxy writes to shared memory (cp.async) visible to wgmma.
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -272,48 +260,6 @@ __device__ __forceinline__ void turn_pass(int wg) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(2 - wg), "n"(consumer_threads) : "memory");
 }
 
-/// Issues S = Q K^T for the warpgroup's 64 rows and one tile of K (asynchronous; the caller
-/// fences and commits).
-__device__ __forceinline__ void issue_scores(float (&s)[16][4], uint32_t q_wg, uint32_t k_t) {
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk) {  // 16 columns of the head a step; halves of 64 columns
-    const uint32_t col = static_cast<uint32_t>((kk >> 2) * 16384 + (kk & 3) * 32);
-    wgmma_ss_m64n128k16(s, smem_desc(q_wg + col, 16, 1024), smem_desc(k_t + col, 16, 1024), kk);
-  }
-}
-
-/// Issues O += P V for one tile of V, P in registers (asynchronous; the caller fences and
-/// commits).
-__device__ __forceinline__ void issue_pv(float (&o)[16][4], const uint32_t (&a)[8][4], uint32_t v_t) {
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk)  // 16 keys a step: V rows 16 kk.., both 64-column halves
-    wgmma_rs_m64n128k16_tb(o, a[kk], smem_desc(v_t + kk * 2048, half_bytes, 1024));
-}
-
-/// Causal mask of the tile at key0 over this thread's two rows.
-__device__ __forceinline__ void mask_scores(float (&s)[16][4], const wg_rows_state& st, int key0,
-                                            int t) {
-  if (key0 + tile_keys - 1 <= st.first) return;  // every key lies at or before every row
-#pragma unroll
-  for (int nt = 0; nt < 16; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (key0 + nt * 8 + 2 * t + (e & 1) > st.pos[e >> 1]) s[nt][e] = -INFINITY;
-    }
-  }
-}
-
-/// The probabilities, rounded to bf16, as the A fragments of the P V wgmma.
-__device__ __forceinline__ void pack_probabilities(const float (&s)[16][4], uint32_t (&a)[8][4]) {
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk) {
-    a[kk][0] = dev::pack(s[2 * kk][0], s[2 * kk][1]);
-    a[kk][1] = dev::pack(s[2 * kk][2], s[2 * kk][3]);
-    a[kk][2] = dev::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    a[kk][3] = dev::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-  }
-}
-
 /// One K/V tile's flash-attention step for a warpgroup: S = Q K^T, causal mask, online softmax,
 /// O += P V. q_wg, k_t, v_t: shared addresses of the warpgroup's Q rows and the tile's K and V.
 /// pass_turn: after issuing S, hand the tensor cores' turn to the other warpgroup (variant 6).
@@ -323,140 +269,43 @@ __device__ __forceinline__ void tile_step(wg_rows_state& st, uint32_t q_wg, uint
   float s[16][4] = {};
   fence_regs(s);
   wgmma_fence();
-  issue_scores(s, q_wg, k_t);
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {  // 16 columns of the head a step; halves of 64 columns
+    const uint32_t col = static_cast<uint32_t>((kk >> 2) * 16384 + (kk & 3) * 32);
+    wgmma_ss_m64n128k16(s, smem_desc(q_wg + col, 16, 1024), smem_desc(k_t + col, 16, 1024), kk);
+  }
   wgmma_commit();
   if (pass_turn) turn_pass(wg);
   wgmma_wait_all();
   fence_regs(s);
-  mask_scores(s, st, key0, t);
+  if (key0 + tile_keys - 1 > st.first) {  // some key lies after some row: mask
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (key0 + nt * 8 + 2 * t + (e & 1) > st.pos[e >> 1]) s[nt][e] = -INFINITY;
+      }
+    }
+  }
   tile::softmax_update_lazy<16>(s, st.m, st.l, st.o, scale_log2);
   uint32_t a[8][4];
-  pack_probabilities(s, a);
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    a[kk][0] = dev::pack(s[2 * kk][0], s[2 * kk][1]);
+    a[kk][1] = dev::pack(s[2 * kk][2], s[2 * kk][3]);
+    a[kk][2] = dev::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    a[kk][3] = dev::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
   fence_regs(st.o);
   fence_regs(a);
   wgmma_fence();
-  issue_pv(st.o, a, v_t);
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)  // 16 keys a step: V rows 16 kk.., both 64-column halves
+    wgmma_rs_m64n128k16_tb(st.o, a[kk], smem_desc(v_t + kk * 2048, half_bytes, 1024));
   wgmma_commit();
   wgmma_wait_all();
   fence_regs(st.o);
   fence_regs(a);
-}
-
-/// Variant 7's view of the stages from a consumer warp: K and V of a tile land and are released
-/// on barriers of their own, so a K buffer is refilled as soon as its S GEMM is done while V is
-/// still held for the P V GEMM a tile later.
-struct split_stages {
-  uint32_t full, empty;  // barrier arrays: K of stage s at 8 s, V at 8 (stages + s)
-  int lane;
-
-  __device__ __forceinline__ void wait(int j, int v) const {
-    mbar_wait(full + 8 * (v * stages + j % stages), static_cast<uint32_t>((j / stages) & 1));
-  }
-  __device__ __forceinline__ void release(int j, int v) const {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty + 8 * (v * stages + j % stages));
-  }
-  __device__ __forceinline__ void wait_k(int j) const { wait(j, 0); }
-  __device__ __forceinline__ void wait_v(int j) const { wait(j, 1); }
-  __device__ __forceinline__ void release_k(int j) const { release(j, 0); }
-  __device__ __forceinline__ void release_v(int j) const { release(j, 1); }
-};
-
-/// Variants 7 and 8's consumer loop for one warpgroup: tile j's S GEMM and tile j - 1's P V GEMM
-/// are issued together; tile j's softmax runs while the P V GEMM does, and O is rescaled (when
-/// the maxima moved) once that GEMM is done. The tiles the warpgroup needs are a prefix of the
-/// CTA's; it still waits for and releases every tile, as the producer counts on all eight warps.
-/// Turns (variant 8): the warpgroups also take turns to issue (variant 6's named barriers), so
-/// one's GEMMs run while the other does its softmax. Each takes n_tiles + 1 turns, one per issue
-/// point and one after each tile past its rows, whatever its rows need.
-template <bool Turns>
-__device__ __forceinline__ void consume_pipelined(wg_rows_state& st, uint32_t q_wg,
-                                                  uint32_t kv_s, int n_tiles, int t, int wg,
-                                                  float scale_log2, const split_stages& kv) {
-  auto k_tile = [&](int j) { return kv_s + static_cast<uint32_t>((j % stages) * stage_bytes); };
-  const int n_need = st.has_rows ? min(n_tiles, st.last / tile_keys + 1) : 0;
-  auto begin_turn = [&] {
-    if constexpr (Turns) turn_wait(wg);
-  };
-  auto end_turn = [&](int k) {  // warpgroup 1 passes none after the last turn (k = n_tiles)
-    if constexpr (Turns) {
-      if (wg == 0 || k < n_tiles) turn_pass(wg);
-    }
-  };
-  if constexpr (Turns) {
-    if (wg == 1) turn_pass(wg);  // warpgroup 0 takes the first turn
-  }
-  uint32_t a[8][4];
-  float alpha[2];
-  if (n_need > 0) {
-    kv.wait_k(0);
-    float s[16][4] = {};
-    fence_regs(s);
-    begin_turn();
-    wgmma_fence();
-    issue_scores(s, q_wg, k_tile(0));
-    wgmma_commit();
-    end_turn(0);
-    wgmma_wait<0>();
-    fence_regs(s);
-    kv.release_k(0);
-    mask_scores(s, st, 0, t);
-    tile::softmax_update_deferred<16>(s, st.m, st.l, alpha, scale_log2);  // O is still zero
-    pack_probabilities(s, a);
-  } else {
-    begin_turn();
-    end_turn(0);
-  }
-  for (int j = 1; j < n_need; ++j) {
-    kv.wait_k(j);
-    kv.wait_v(j - 1);
-    float s[16][4] = {};
-    fence_regs(s);
-    fence_regs(st.o);
-    fence_regs(a);
-    begin_turn();
-    wgmma_fence();
-    issue_scores(s, q_wg, k_tile(j));
-    wgmma_commit();
-    issue_pv(st.o, a, k_tile(j - 1) + kv_bytes);
-    wgmma_commit();
-    end_turn(j);
-    wgmma_wait<1>();  // S of tile j is done; P V of tile j - 1 may still run
-    fence_regs(s);
-    kv.release_k(j);
-    mask_scores(s, st, j * tile_keys, t);
-    const bool rescale = tile::softmax_update_deferred<16>(s, st.m, st.l, alpha, scale_log2);
-    wgmma_wait<0>();
-    fence_regs(st.o);
-    fence_regs(a);
-    kv.release_v(j - 1);
-    if (rescale) tile::rescale_rows(st.o, alpha);
-    pack_probabilities(s, a);
-  }
-  if (n_need > 0) {
-    kv.wait_v(n_need - 1);
-    fence_regs(st.o);
-    fence_regs(a);
-    begin_turn();
-    wgmma_fence();
-    issue_pv(st.o, a, k_tile(n_need - 1) + kv_bytes);
-    wgmma_commit();
-    end_turn(n_need);
-    wgmma_wait<0>();
-    fence_regs(st.o);
-    fence_regs(a);
-    kv.release_v(n_need - 1);
-  }
-  // Tiles past this warpgroup's rows: released before the turn after them, since the other
-  // warpgroup's turns may wait for the producer to refill their stages.
-  for (int j = n_need; j < n_tiles; ++j) {
-    kv.wait_k(j);
-    kv.release_k(j);
-    kv.wait_v(j);
-    kv.release_v(j);
-    begin_turn();
-    end_turn(j + 1);
-  }
 }
 
 /// O / l of this thread's two rows to p.out.
@@ -549,108 +398,11 @@ __global__ void __launch_bounds__(consumer_threads, 1)
 #endif
 }
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/// The producer warp's TMA copies of one K or V tile: lane l < tile_blocks copies the tile's l-th
-/// KV block (past the sequence, the sequence's first block).
-struct tile_loader {
-  const prefill_attention_params& p;
-  const cta_work& w;
-  const CUtensorMap* map;
-  int lane, bt, tile_blocks, last_block, rows_per_block;
-
-  __device__ __forceinline__ tile_loader(const prefill_attention_params& p_, const cta_work& w_,
-                                         const CUtensorMap* map_, int lane_)
-      : p(p_), w(w_), map(map_), lane(lane_), bt(static_cast<int>(p_.kv.block_tokens)),
-        tile_blocks(tile_keys / bt),  // <= 16 (block_tokens >= 8)
-        last_block((w_.kv_len - 1) / bt),
-        rows_per_block(static_cast<int>(p_.kv.block_elems / head_dim)) {}
-
-  /// This lane's block of tile j (0 for lanes past the tile's blocks).
-  [[nodiscard]] __device__ __forceinline__ int32_t block_at(int j) const {
-    const int b = j * tile_blocks + lane;
-    return lane < tile_blocks ? w.table[b <= last_block ? b : 0] : 0;
-  }
-  /// K (sel 0) or V (sel 1) of this lane's block into the tile at dst, completing on bar.
-  __device__ __forceinline__ void load(int32_t block, int sel, uint32_t dst, uint32_t bar) const {
-    if (lane >= tile_blocks) return;
-    const int r0 = block * rows_per_block +
-                   ((static_cast<int>(p.layer) * 2 + sel) * static_cast<int>(p.kv.kv_heads) +
-                    static_cast<int>(w.kv_head)) *
-                       bt;
-    dst += static_cast<uint32_t>(lane * bt * 128);
-    tma_load_2d(dst, map, 0, r0, bar);
-    tma_load_2d(dst + half_bytes, map, 64, r0, bar);
-  }
-};
-
-/// Variants 5 and 6's producer: tile j's K and V into stage j % stages once all eight consumer
-/// warps have released the tile that stage held before.
-__device__ __forceinline__ void produce_tiles(const tile_loader& ld, uint32_t kv_s, uint32_t full,
-                                              uint32_t empty, int n_tiles) {
-  int32_t block = ld.block_at(0);
-  for (int j = 0; j < n_tiles; ++j) {
-    const int s = j % stages;
-    if (j >= stages) mbar_wait(empty + 8 * s, static_cast<uint32_t>((j / stages - 1) & 1));
-    if (ld.lane == 0) mbar_arrive_expect_tx(full + 8 * s, stage_bytes);
-    __syncwarp();
-    const int32_t next = j + 1 < n_tiles ? ld.block_at(j + 1) : 0;
-    const uint32_t dst = kv_s + static_cast<uint32_t>(s * stage_bytes);
-    ld.load(block, 0, dst, full + 8 * s);
-    ld.load(block, 1, dst + kv_bytes, full + 8 * s);
-    block = next;
-  }
-}
-
-/// Variant 7's producer: K and V of a tile on barriers of their own (split_stages), in the order
-/// the consumers take them: K 0, then K j + 1 before V j.
-__device__ __forceinline__ void produce_tiles_split(const tile_loader& ld, uint32_t kv_s,
-                                                    uint32_t full, uint32_t empty, int n_tiles) {
-  auto load = [&](int j, int sel, int32_t block) {
-    const int b = sel * stages + j % stages;
-    if (j >= stages) mbar_wait(empty + 8 * b, static_cast<uint32_t>((j / stages - 1) & 1));
-    if (ld.lane == 0) mbar_arrive_expect_tx(full + 8 * b, kv_bytes);
-    __syncwarp();
-    ld.load(block, sel, kv_s + static_cast<uint32_t>((j % stages) * stage_bytes + sel * kv_bytes),
-            full + 8 * b);
-  };
-  int32_t block = ld.block_at(0);
-  load(0, 0, block);
-  for (int j = 0; j < n_tiles; ++j) {
-    const int32_t next = j + 1 < n_tiles ? ld.block_at(j + 1) : 0;
-    if (j + 1 < n_tiles) load(j + 1, 0, next);
-    load(j, 1, block);
-    block = next;
-  }
-}
-
-constexpr int pipelined_producer_registers = 40;  // 128 x 40 + 256 x 232 <= 65,536
-constexpr int pipelined_consumer_registers = 232;
-
-/// Hands registers between the warpgroups of a CTA (sm_90a): the producer's warpgroup gives
-/// back down to N per thread, the consumers' take up to N once the producer has given them.
-template <int N>
-__device__ __forceinline__ void registers_release() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <int N>
-__device__ __forceinline__ void registers_take() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-#endif  // __CUDA_ARCH_FEAT_SM90_ALL
-
-/// The producer's threads: variants 5 and 6 one warp; variant 7 a whole warpgroup, so that the
-/// register file can move to the consumers (setmaxnreg works on warpgroups): at 288 threads a
-/// scheduler holds three warps and a thread at most 168 registers, too few for variant 7's S, O
-/// and P at once (ptxas serialized its wgmmas and spilled).
-template <bool Pipelined>
-constexpr int tma_producer_threads = Pipelined ? 128 : producer_threads;
-/// Variants 5, 6 (PingPong), 7 (Pipelined) and 8 (both): warps 0-7 consume, warp 8 produces with
-/// TMA.
-/// kv_map views the pool as rows of 128 bf16 (row = block * block_elems / 128 + ((layer * 2 +
-/// K/V) * kv_heads + kv_head) * block_tokens + slot), boxes of 64 columns by block_tokens rows,
-/// swizzle 128B.
-template <bool PingPong, bool Pipelined>
-__global__ void __launch_bounds__(consumer_threads + tma_producer_threads<Pipelined>, 1)
+/// Variants 5 and 6 (PingPong): warps 0-7 consume, warp 8 produces with TMA. kv_map views the
+/// pool as rows of 128 bf16 (row = block * block_elems / 128 + ((layer * 2 + K/V) * kv_heads +
+/// kv_head) * block_tokens + slot), boxes of 64 columns by block_tokens rows, swizzle 128B.
+template <bool PingPong>
+__global__ void __launch_bounds__(consumer_threads + producer_threads, 1)
     prefill_kernel_wgmma_tma(prefill_attention_params p, const __grid_constant__ CUtensorMap kv_map) {
   dev::pdl_wait();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -658,13 +410,13 @@ __global__ void __launch_bounds__(consumer_threads + tma_producer_threads<Pipeli
   const uint32_t q_s = (dev::smem_addr(smem_raw) + 1023) & ~1023u;
   const uint32_t kv_s = q_s + q_bytes;
   const uint32_t full = kv_s + stages * stage_bytes;  // mbarrier of stage s at full + 8 s
-  const uint32_t empty = full + 2 * stages * 8;
+  const uint32_t empty = full + stages * 8;
   cta_work w;
   if (!w.init(p)) return;
   const int tid = threadIdx.x, lane = tid & 31;
   const int n_tiles = w.n_tiles();
   if (tid == 0) {
-    for (int s = 0; s < (Pipelined ? 2 : 1) * stages; ++s) {
+    for (int s = 0; s < stages; ++s) {
       mbar_init(full + 8 * s, 1);                       // the producer's expect_tx arrival
       mbar_init(empty + 8 * s, consumer_threads / 32);  // one arrival per consumer warp
     }
@@ -675,14 +427,35 @@ __global__ void __launch_bounds__(consumer_threads + tma_producer_threads<Pipeli
   fence_proxy_async();
   __syncthreads();  // Q and the barriers ready
 
-  if (tid >= consumer_threads) {  // the producer warp (variant 7: its warpgroup)
-    if constexpr (Pipelined) registers_release<pipelined_producer_registers>();
-    if (tid >= consumer_threads + 32) return;
-    const tile_loader ld(p, w, &kv_map, lane);
-    if constexpr (Pipelined) {
-      produce_tiles_split(ld, kv_s, full, empty, n_tiles);
-    } else {
-      produce_tiles(ld, kv_s, full, empty, n_tiles);
+  if (tid >= consumer_threads) {  // the producer warp
+    const int bt = static_cast<int>(p.kv.block_tokens);
+    const int tile_blocks = tile_keys / bt;  // <= 16 (block_tokens >= 8)
+    const int last_block = (w.kv_len - 1) / bt;
+    const int rows_per_block = static_cast<int>(p.kv.block_elems / head_dim);
+    auto block_at = [&](int j) {  // this lane's block of tile j; past the sequence, its first
+      const int b = j * tile_blocks + lane;
+      return lane < tile_blocks ? w.table[b <= last_block ? b : 0] : 0;
+    };
+    int32_t block = block_at(0);
+    for (int j = 0; j < n_tiles; ++j) {
+      const int s = j % stages;
+      if (j >= stages) mbar_wait(empty + 8 * s, static_cast<uint32_t>((j / stages - 1) & 1));
+      if (lane == 0) mbar_arrive_expect_tx(full + 8 * s, stage_bytes);
+      __syncwarp();
+      const int32_t next = j + 1 < n_tiles ? block_at(j + 1) : 0;
+      if (lane < tile_blocks) {
+        const uint32_t dst = kv_s + static_cast<uint32_t>(s * stage_bytes + lane * bt * 128);
+#pragma unroll
+        for (int sel = 0; sel < 2; ++sel) {
+          const int r0 = block * rows_per_block +
+                         ((static_cast<int>(p.layer) * 2 + sel) * static_cast<int>(p.kv.kv_heads) +
+                          static_cast<int>(w.kv_head)) *
+                             bt;
+          tma_load_2d(dst + sel * kv_bytes, &kv_map, 0, r0, full + 8 * s);
+          tma_load_2d(dst + sel * kv_bytes + half_bytes, &kv_map, 64, r0, full + 8 * s);
+        }
+      }
+      block = next;
     }
     return;
   }
@@ -692,13 +465,6 @@ __global__ void __launch_bounds__(consumer_threads + tma_producer_threads<Pipeli
   wg_rows_state st;
   st.init(w, wg, warp, lane);
   const uint32_t q_wg = q_s + static_cast<uint32_t>(wg * wg_rows * 128);
-  if constexpr (Pipelined) {
-    registers_take<pipelined_consumer_registers>();
-    consume_pipelined<PingPong>(st, q_wg, kv_s, n_tiles, lane & 3, wg, scale_log2,
-                                split_stages{full, empty, lane});
-    store_rows(p, w, st, warp, lane);
-    return;
-  }
   // Ping-pong: warpgroup 0 takes the first turn. Every tile is a turn for both (a warpgroup
   // past its rows only passes it on), and warpgroup 1 passes none after the last tile, so both
   // barriers end complete.
@@ -751,7 +517,7 @@ bool prefill_attention_wgmma_available() {
 
 kstatus prefill_attention_wgmma(const prefill_attention_params& p, cudaStream_t stream) {
   DUET_KREQUIRE(prefill_attention_wgmma_available(),
-                "prefill_attention: variants 4 to 8 (wgmma) need a compute capability 9.0 GPU");
+                "prefill_attention: variants 4 to 6 (wgmma) need a compute capability 9.0 GPU");
   const uint32_t vrows = p.max_seq_rows * (p.heads / p.kv_heads);
   const dim3 grid((vrows + cta_rows - 1) / cta_rows, p.kv_heads, p.seqs);
   if (p.variant == 4) {
@@ -762,8 +528,8 @@ kstatus prefill_attention_wgmma(const prefill_attention_params& p, cudaStream_t 
   }
   const uint32_t bt = p.kv.block_tokens;
   DUET_KREQUIRE(bt >= 8 && bt <= 128 && (bt & (bt - 1)) == 0,
-                "prefill_attention: variants 5 to 8 need block_tokens a power of two from 8 to 128");
-  DUET_KREQUIRE(p.kv.blocks > 0, "prefill_attention: variants 5 to 8 need kv.blocks (the pool's size)");
+                "prefill_attention: variants 5 and 6 need block_tokens a power of two from 8 to 128");
+  DUET_KREQUIRE(p.kv.blocks > 0, "prefill_attention: variants 5 and 6 need kv.blocks (the pool's size)");
   const uint64_t pool_rows = uint64_t{p.kv.blocks} * (p.kv.block_elems / head_dim);
   DUET_KREQUIRE(pool_rows < (1ull << 31), "prefill_attention: pool over 2^31 rows of 128");
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
@@ -778,15 +544,11 @@ kstatus prefill_attention_wgmma(const prefill_attention_params& p, cudaStream_t 
                                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   DUET_KREQUIRE(made == CUDA_SUCCESS, "prefill_attention: cuTensorMapEncodeTiled refused the pool");
-  auto* kernel = p.variant == 6   ? prefill_kernel_wgmma_tma<true, false>
-                 : p.variant == 7 ? prefill_kernel_wgmma_tma<false, true>
-                 : p.variant == 8 ? prefill_kernel_wgmma_tma<true, true>
-                                  : prefill_kernel_wgmma_tma<false, false>;
+  auto* kernel = p.variant == 6 ? prefill_kernel_wgmma_tma<true> : prefill_kernel_wgmma_tma<false>;
   DUET_KCHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, wgmma_smem));
-  const int threads = consumer_threads + (p.variant >= 7 ? tma_producer_threads<true>
-                                                          : tma_producer_threads<false>);
-  DUET_KCHECK(launch(kernel, grid, dim3(threads), wgmma_smem, stream, p, map));
+  DUET_KCHECK(launch(kernel, grid, dim3(consumer_threads + producer_threads), wgmma_smem, stream,
+                     p, map));
   return {};
 }
 

@@ -1,24 +1,30 @@
 #!/usr/bin/env bash
-# Prefill attention variants side by side on the GPU machine, in one device call:
+# Prefill settings side by side on the GPU machine, in one device call:
 #   build -> the prefill attention kernel tests (every variant against the fp64 reference,
-#   outputs poisoned) -> one-layer kernel rates of every variant (bench_cuda_engine
-#   --kernels-only) -> the engine tests and the engine's prefill rows (--prefill-only) with each
-#   variant of GPU_AB_VARIANTS in turn, alternating for GPU_AB_ROUNDS rounds -> memcheck and
-#   racecheck on the attention tests -> a summary table.
-# Run from the repository root (docs/cuda-engine.md gives the device call):
-#   GPU_AB_VARIANTS=5,7 bash scripts/gpu-attention-ab.sh
+#   outputs poisoned) -> one-layer kernel rates of every attention variant (bench_cuda_engine
+#   --kernels-only) -> the engine tests and the engine's prefill rows (--prefill-only) under each
+#   configuration in turn, alternating for GPU_AB_ROUNDS rounds -> memcheck and racecheck on the
+#   attention tests -> a summary table.
+# Configurations: GPU_AB_CONFIGS="LABEL:VAR=VALUE VAR=VALUE;LABEL:..." (environment settings of
+# the engine), or GPU_AB_VARIANTS=5,7 for attention variants (labels v5, v7). Run from the
+# repository root (docs/cuda-engine.md gives the device calls):
+#   GPU_AB_VARIANTS=5,7 bash scripts/gpu-prefill-ab.sh
+#   GPU_AB_CONFIGS="tune3:DUET_GEMM_TUNE_MS=0;tune50:DUET_GEMM_TUNE_MS=50" bash scripts/gpu-prefill-ab.sh
 # GPU_AB_DEADLINE (seconds, default 560): stages that would not fit are skipped, and said so.
 set -u
 export OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 BUILD=${GPU_CHECK_BUILD:-build-gpu}
 CKPT=$BUILD/r1-distill-llama-8b-random
-VARIANTS=${GPU_AB_VARIANTS:-5,7}
+CONFIGS=${GPU_AB_CONFIGS:-}
+if [ -z "$CONFIGS" ]; then
+  for v in ${GPU_AB_VARIANTS:-5,7}; do CONFIGS+="${CONFIGS:+;}v$v:DUET_CUDA_ATTN_VARIANT=$v"; done
+fi
 ROUNDS=${GPU_AB_ROUNDS:-2}
 DEADLINE=${GPU_AB_DEADLINE:-560}
 
 GPU_CHECK_STAGES=build GPU_CHECK_BUILD=$BUILD bash scripts/gpu-check.sh || exit 1
-exec > >(tee -a "$OUT/attention-ab.log") 2>&1
+exec > >(tee -a "$OUT/prefill-ab.log") 2>&1
 source "$(dirname "$0")/gpu-env.sh"
 
 failed=()
@@ -46,13 +52,17 @@ fi
 run kernel-tests 150 "$BUILD/tests/test_cuda_kernels" -tc='prefill_attention*'
 if [ -n "$writer" ]; then wait "$writer"; fi
 run kernel-rates 200 "$BUILD/bench/bench_cuda_engine" "$CKPT" "$OUT/kernels.json" --kernels-only
-for v in ${VARIANTS//,/ }; do
-  DUET_CUDA_ATTN_VARIANT=$v run "engine-tests-v$v" 120 "$BUILD/tests/test_cuda_engine"
+IFS=';' read -ra configs <<<"$CONFIGS"
+for c in "${configs[@]}"; do
+  read -ra settings <<<"${c#*:}"
+  run "engine-tests-${c%%:*}" 120 env "${settings[@]}" "$BUILD/tests/test_cuda_engine"
 done
 for r in $(seq "$ROUNDS"); do
-  for v in ${VARIANTS//,/ }; do
-    DUET_CUDA_ATTN_VARIANT=$v run "prefill-v$v-round$r" 150 \
-      "$BUILD/bench/bench_cuda_engine" "$CKPT" "$OUT/prefill-v$v-round$r.json" --prefill-only
+  for c in "${configs[@]}"; do
+    read -ra settings <<<"${c#*:}"
+    # DUET_GEMM_LOG=1: each GEMM shape's tuned choice goes to the log.
+    run "prefill-${c%%:*}-round$r" 150 env "${settings[@]}" DUET_GEMM_LOG=1 \
+      "$BUILD/bench/bench_cuda_engine" "$CKPT" "$OUT/prefill-${c%%:*}-round$r.json" --prefill-only
   done
 done
 export DUET_CUDA_TEST_SMALL=1
@@ -65,23 +75,23 @@ python3 - "$OUT" <<'PY' | tee "$OUT/summary.md"
 import glob, json, os, re, sys
 out = sys.argv[1]
 kernels = json.load(open(os.path.join(out, "kernels.json"))).get("kernels", {}) if os.path.exists(os.path.join(out, "kernels.json")) else {}
-print("| kernel, one layer | " + " | ".join(f"v{v}" for v in range(9)) + " |")
-print("| --- |" + " --- |" * 9)
+print("| kernel, one layer | " + " | ".join(f"v{v}" for v in range(7)) + " |")
+print("| --- |" + " --- |" * 7)
 for shape in ("8K", "32K_last_chunk"):
-    cells = [kernels.get(f"prefill_attention_{shape}_TFLOPs_v{v}") for v in range(9)]
+    cells = [kernels.get(f"prefill_attention_{shape}_TFLOPs_v{v}") for v in range(7)]
     print(f"| {shape} TFLOP/s | " + " | ".join(f"{c:.0f}" if c else "-" for c in cells) + " |")
 rows = {}
-for f in sorted(glob.glob(os.path.join(out, "prefill-v*-round*.json"))):
-    v, r = re.search(r"prefill-v(\d+)-round(\d+)", f).groups()
+for f in sorted(glob.glob(os.path.join(out, "prefill-*-round*.json"))):
+    v, r = re.search(r"prefill-(.+)-round(\d+)\.json", f).groups()
     for p in json.load(open(f)).get("prefill", []):
-        rows.setdefault(p["tokens"], {}).setdefault(int(v), []).append(p["tok_s"])
+        rows.setdefault(p["tokens"], {}).setdefault(v, []).append(p["tok_s"])
 variants = sorted({v for by in rows.values() for v in by})
 print()
-print("| prefill tokens | " + " | ".join(f"v{v} tok/s (rounds)" for v in variants) + " |")
+print("| prefill tokens | " + " | ".join(f"{v} tok/s (rounds)" for v in variants) + " |")
 print("| --- |" + " --- |" * len(variants))
 for tokens in sorted(rows):
     print(f"| {tokens} | " + " | ".join(", ".join(f"{x:.0f}" for x in rows[tokens].get(v, [])) for v in variants) + " |")
 PY
 echo
-if [ ${#failed[@]} -eq 0 ]; then echo "ATTENTION A/B: all stages passed"; else echo "ATTENTION A/B: FAILED: ${failed[*]}"; fi
+if [ ${#failed[@]} -eq 0 ]; then echo "PREFILL A/B: all stages passed"; else echo "PREFILL A/B: FAILED: ${failed[*]}"; fi
 [ ${#failed[@]} -eq 0 ]
