@@ -1,6 +1,5 @@
 #include <cublasLt.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -174,14 +173,6 @@ bool tune_enabled() {
   return !(v && std::strcmp(v, "0") == 0);
 }
 
-/// DUET_GEMM_TUNE_MS: time each candidate over about this many milliseconds of back-to-back runs
-/// (after as many again to warm up), not 3 runs. Prefill passes hold the card at its power cap,
-/// and the fastest algorithm there may not be the fastest in a short burst (docs/cuda-engine.md).
-float tune_window_ms() {
-  const char* v = std::getenv("DUET_GEMM_TUNE_MS");
-  return v ? std::max(0.0f, static_cast<float>(std::atof(v))) : 0.0f;
-}
-
 }  // namespace
 
 struct gemm_runner::impl {
@@ -261,43 +252,27 @@ struct gemm_runner::impl {
     return {};
   }
 
-  // Times `runs` back-to-back runs of one algorithm; a negative time when one fails to launch.
-  float time_runs(const gemm_params& p, const plan& pl, const cublasLtMatmulAlgo_t& algo, int runs,
-                  cudaEvent_t start, cudaEvent_t stop, cudaStream_t stream) {
-    cudaEventRecord(start, stream);
-    bool ok = true;
-    for (int r = 0; r < runs && ok; ++r) ok = matmul(p, pl, algo, stream).ok();
-    cudaEventRecord(stop, stream);
-    if (cudaEventSynchronize(stop) != cudaSuccess || !ok) return -1.0f;
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    return ms;
-  }
-
-  // Times every candidate algorithm (3 runs each after one warm-up, or tune_window_ms() of runs
-  // after as many warming up) and keeps the fastest per run.
+  // Times every candidate algorithm (3 runs each, after one warm-up) and keeps the fastest.
   kstatus tune(const gemm_params& p, plan& pl, cudaStream_t stream) {
     cudaEvent_t start, stop;
     DUET_KCHECK(cudaEventCreate(&start));
     DUET_KCHECK(cudaEventCreate(&stop));
-    const float window = tune_window_ms();
     float best = 1e30f, first = 0;
     int best_index = -1;
     cublasLtMatmulAlgo_t best_algo = pl.algo;
     for (std::size_t i = 0; i < pl.candidates.size(); ++i) {
       const cublasLtMatmulAlgo_t& algo = pl.candidates[i];
-      const float once = time_runs(p, pl, algo, 1, start, stop, stream);
-      if (once < 0) continue;
-      int runs = 3;
-      if (window > 0) {
-        runs = std::clamp(static_cast<int>(window / std::max(once, 1e-3f)), 3, 1000);
-        if (time_runs(p, pl, algo, runs, start, stop, stream) < 0) continue;
-      }
-      const float ms = time_runs(p, pl, algo, runs, start, stop, stream);
-      if (ms < 0) continue;
-      if (i == 0) first = ms / runs;
-      if (ms / runs < best) {
-        best = ms / runs;
+      if (!matmul(p, pl, algo, stream).ok()) continue;
+      cudaEventRecord(start, stream);
+      bool ok = true;
+      for (int r = 0; r < 3 && ok; ++r) ok = matmul(p, pl, algo, stream).ok();
+      cudaEventRecord(stop, stream);
+      if (cudaEventSynchronize(stop) != cudaSuccess) break;
+      float ms = 0;
+      cudaEventElapsedTime(&ms, start, stop);
+      if (i == 0) first = ms / 3;
+      if (ok && ms < best) {
+        best = ms;
         best_algo = algo;
         best_index = static_cast<int>(i);
       }
@@ -308,7 +283,7 @@ struct gemm_runner::impl {
       std::fprintf(stderr,
                    "gemm tune m=%u n=%u k=%u: %zu candidates, heuristic's first %.3f ms, kept #%d "
                    "%.3f ms (%s)\n",
-                   p.m, p.n, p.k, pl.candidates.size(), first, best_index, best,
+                   p.m, p.n, p.k, pl.candidates.size(), first, best_index, best / 3,
                    describe(best_algo).c_str());
     }
     pl.algo = best_algo;
