@@ -9,7 +9,7 @@
 # the engine), or GPU_AB_VARIANTS=5,7 for attention variants (labels v5, v7). Run from the
 # repository root (docs/cuda-engine.md gives the device calls):
 #   GPU_AB_VARIANTS=5,7 bash scripts/gpu-prefill-ab.sh
-#   GPU_AB_CONFIGS="tune3:DUET_GEMM_TUNE_MS=0;tune50:DUET_GEMM_TUNE_MS=50" bash scripts/gpu-prefill-ab.sh
+#   GPU_AB_CONFIGS="tuned:DUET_GEMM_TUNE=1;heuristic:DUET_GEMM_TUNE=0" bash scripts/gpu-prefill-ab.sh
 # GPU_AB_DEADLINE (seconds, default 560): stages that would not fit are skipped, and said so.
 set -u
 export OUT=${OUT:-$PWD/gpu-out}
