@@ -69,4 +69,17 @@ over_c, outside_c, detail_c = score("h100-cuda-engine-2026-12-05c.toml", runs("h
 expect(f"the two colocated runs miss 3 of 8, all outside the band (got {over_c}, {outside_c})", (over_c, outside_c) == (3, 3))
 expect("their ITL figures are within 6 %",
        len(detail_c) == 2 and all(abs(d[k]) <= 6 for d in detail_c.values() for k in ("itl p50", "itl p99")))
+# Three more colocated runs, predicted before they ran (12-05e): 1 of 12, conversation x3.5's TTFT
+# P50; both code runs within 11 % on every figure, with their prefill steps within 1 %.
+over_e, outside_e, detail_e = score("h100-cuda-engine-2026-12-05c.toml", runs("h100-serve-2026-12-05e"))
+expect(f"the three held-out colocated runs miss 1 of 12, outside the band (got {over_e}, {outside_e})",
+       (over_e, outside_e) == (1, 1))
+expect("that miss is conversation x3.5's TTFT P50, -20 %",
+       detail_e.get("conv35-colocated-b256", {}).get("ttft p50") == -20)
+expect("the code runs land within 11 % on every figure, prefill steps within 1 %",
+       all(abs(detail_e.get(r, {}).get(k, 99)) <= 11 for r in ("code07-colocated-b256", "code1-colocated-b256")
+           for k in ("ttft p50", "ttft p99", "itl p50", "itl p99"))
+       and all(abs(detail_e.get(r, {}).get("prefill", 99)) <= 1 for r in ("code07-colocated-b256", "code1-colocated-b256")))
+expect("conversation x3 and x3.5 colocated price their prefill steps 11 % short",
+       detail_c.get("conv3-colocated-b256", {}).get("prefill") == -11 and detail_e.get("conv35-colocated-b256", {}).get("prefill") == -11)
 finish()
