@@ -29,15 +29,6 @@ fits() {  # fits NAME SECONDS_NEEDED
 }
 failed=()
 stage() { echo; echo "=== $1 ($(date +%T))"; }
-run() {  # run NAME TIMEOUT CMD...: records a failure, never stops the script
-  local name=$1 limit=$2; shift 2
-  local t0=$SECONDS
-  timeout "$limit" "$@"
-  local rc=$?
-  echo "--- $name: exit $rc in $((SECONDS - t0)) s"
-  [ $rc -eq 0 ] || failed+=("$name($rc)")
-  return $rc
-}
 
 source "$(dirname "$0")/gpu-env.sh"
 export PYTHONUNBUFFERED=1

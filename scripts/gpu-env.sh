@@ -11,6 +11,18 @@ if [ -d .devdeps ]; then
 fi
 export NCCL_NVLS_ENABLE=0
 
+# run NAME TIMEOUT CMD...: CMD under a time limit; a failure is added to the caller's `failed`
+# array and never stops the script.
+run() {
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@"
+  local rc=$?
+  echo "--- $name: exit $rc in $((SECONDS - t0)) s"
+  [ $rc -eq 0 ] || failed+=("$name($rc)")
+  return $rc
+}
+
 # prompt N SEED: N random token ids, comma separated (the same for the same seed).
 prompt() {
   python3 -c "import random; r=random.Random($2); print(','.join(str(r.randrange(1000,120000)) for _ in range($1)))"

@@ -28,20 +28,14 @@ exec > >(tee -a "$OUT/prefill-ab.log") 2>&1
 source "$(dirname "$0")/gpu-env.sh"
 
 failed=()
-run() {  # run NAME TIMEOUT CMD...: records a failure, never stops the script
-  local name=$1 limit=$2; shift 2
-  if [ $((SECONDS + limit / 3)) -gt "$DEADLINE" ]; then
-    echo "=== $name skipped: ${SECONDS}s used of ${DEADLINE}s"
-    failed+=("$name(skipped)")
+stage_run() {  # stage_run NAME TIMEOUT CMD...: run (gpu-env.sh) unless the deadline is too near
+  if [ $((SECONDS + $2 / 3)) -gt "$DEADLINE" ]; then
+    echo "=== $1 skipped: ${SECONDS}s used of ${DEADLINE}s"
+    failed+=("$1(skipped)")
     return 1
   fi
-  echo "=== $name ($(date +%T))"
-  local t0=$SECONDS
-  timeout "$limit" "$@"
-  local rc=$?
-  echo "--- $name: exit $rc in $((SECONDS - t0)) s"
-  [ $rc -eq 0 ] || failed+=("$name($rc)")
-  return $rc
+  echo "=== $1 ($(date +%T))"
+  run "$@"
 }
 
 writer=""
@@ -49,26 +43,26 @@ if [ ! -f "$CKPT/config.json" ]; then
   ( "$BUILD/tests/cuda_e2e" write "$CKPT" >"$BUILD/ckpt.log" 2>&1 ) &
   writer=$!
 fi
-run kernel-tests 150 "$BUILD/tests/test_cuda_kernels" -tc='prefill_attention*'
+stage_run kernel-tests 150 "$BUILD/tests/test_cuda_kernels" -tc='prefill_attention*'
 if [ -n "$writer" ]; then wait "$writer"; fi
-run kernel-rates 200 "$BUILD/bench/bench_cuda_engine" "$CKPT" "$OUT/kernels.json" --kernels-only
+stage_run kernel-rates 200 "$BUILD/bench/bench_cuda_engine" "$CKPT" "$OUT/kernels.json" --kernels-only
 IFS=';' read -ra configs <<<"$CONFIGS"
 for c in "${configs[@]}"; do
   read -ra settings <<<"${c#*:}"
-  run "engine-tests-${c%%:*}" 120 env "${settings[@]}" "$BUILD/tests/test_cuda_engine"
+  stage_run "engine-tests-${c%%:*}" 120 env "${settings[@]}" "$BUILD/tests/test_cuda_engine"
 done
 for r in $(seq "$ROUNDS"); do
   for c in "${configs[@]}"; do
     read -ra settings <<<"${c#*:}"
     # DUET_GEMM_LOG=1: each GEMM shape's tuned choice goes to the log.
-    run "prefill-${c%%:*}-round$r" 150 env "${settings[@]}" DUET_GEMM_LOG=1 \
+    stage_run "prefill-${c%%:*}-round$r" 150 env "${settings[@]}" DUET_GEMM_LOG=1 \
       "$BUILD/bench/bench_cuda_engine" "$CKPT" "$OUT/prefill-${c%%:*}-round$r.json" --prefill-only
   done
 done
 export DUET_CUDA_TEST_SMALL=1
-run memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+stage_run memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
   "$BUILD/tests/test_cuda_kernels" -tc='prefill_attention*'
-run racecheck 150 compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 9 \
+stage_run racecheck 150 compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 9 \
   --print-limit 20 "$BUILD/tests/test_cuda_kernels" -tc='prefill_attention*'
 
 python3 - "$OUT" <<'PY' | tee "$OUT/summary.md"
