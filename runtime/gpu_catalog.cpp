@@ -95,7 +95,7 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
       "concurrent_prefill_slowdown", "concurrent_decode_delay_s", "concurrent_decode_tile_keys",
       "concurrent_decode_delay_by_overlap", "concurrent_overlap_on_prefill_start", "concurrent_prefill_yield", "concurrent_prefill_attention_yield",
       "concurrent_prefill_yield_scale", "concurrent_decode_delay_scale", "concurrent_decode_slowdown_scale",
-      "shared_prefill_delay_s"};
+      "shared_prefill_delay_s", "front_end_s"};
   gpu_calibration cal;
   cal.source = file.string();
   for (const auto& [k, v] : root) {
@@ -166,6 +166,7 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
   if (const auto* n = root.get("prefill_memory")) cal.prefill_memory = fraction(file, *n, "prefill_memory");
   if (const auto* n = root.get("shared_prefill_delay_s"))
     cal.shared_prefill_delay_s = number(file, *n, "shared_prefill_delay_s", false);
+  if (const auto* n = root.get("front_end_s")) cal.front_end_s = number(file, *n, "front_end_s", false);
   for (auto [key, slot] : {std::pair{"split_bandwidth", &cal.split_bandwidth},
                            std::pair{"split_kv_bandwidth", &cal.split_kv_bandwidth},
                            std::pair{"split_compute", &cal.split_compute}}) {

@@ -121,6 +121,11 @@ struct gpu_calibration {
   // to the prefill step time (prefill.hop_step) the colocated serving runs measured; what
   // the time is spent on is not broken down (docs/sim.md).
   std::optional<double> shared_prefill_delay_s;
+  // A request's time outside the router, front end to client and back (HTTP, tokenizing, the
+  // first token's way out): event_sim admits each request this much after it arrives, so its
+  // TTFT and end-to-end time include it. Measured, not fitted: the live runs' client TTFT less
+  // the router's (bench serve's "beyond the router").
+  std::optional<double> front_end_s;
 };
 
 /// A GPU's spec-sheet peaks and the fractions of them reached in practice.

@@ -540,15 +540,24 @@ class event_sim {
     return static_cast<int64_t>(bound * 1e9);
   }
 
+  /// The front end's time per request (gpu_calibration::front_end_s): one front end serves the
+  /// deployment, so the largest any of its GPUs' calibrations gives.
+  [[nodiscard]] double front_end_s() const {
+    double most = 0.0;
+    for (const auto& spec : specs_) most = std::max(most, spec.calibration.front_end_s.value_or(0.0));
+    return most;
+  }
+
   void schedule_start() {
     // Load reports first, so the router knows its workers when the first request comes.
     for (uint32_t i = 0; i < units_.size(); ++i) push({0, event_kind::unit_report, false, i, 0});
     for (uint32_t i = 0; i < units_.size(); ++i) push({0, event_kind::unit_tick, false, i, 0});
     push({0, event_kind::router_tick, false, 0, 0});
     push({0, event_kind::broker_reclaim, false, 0, 0});
+    const double front_end = front_end_s();
     for (uint32_t i = 0; i < requests_.size(); ++i) {
-      push({static_cast<int64_t>(std::llround(requests_[i].arrival_s * 1e9)), event_kind::arrival,
-            false, i, 0});
+      push({static_cast<int64_t>(std::llround((requests_[i].arrival_s + front_end) * 1e9)),
+            event_kind::arrival, false, i, 0});
     }
     const double span = requests_.empty() ? 0.0 : requests_.back().arrival_s;
     sample_period_ns_ =

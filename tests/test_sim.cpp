@@ -436,6 +436,12 @@ TEST_CASE(
   CHECK(contention.shared_prefill_delay_s == Approx(0.004));
   CHECK(contention.concurrent_decode_tile_keys == Approx(3400));
   CHECK_FALSE(contention.concurrent_decode_slowdown.has_value());
+  std::ofstream(dir / "front_end.toml") << "front_end_s = 0.003\n";
+  CHECK(load_gpu_calibration(dir / "front_end.toml").front_end_s == Approx(0.003));
+  CHECK_FALSE(contention.front_end_s.has_value());
+  std::ofstream(dir / "negative_front_end.toml") << "front_end_s = -0.001\n";
+  CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "negative_front_end.toml"); }),
+                 "must not be negative"));
   std::ofstream(dir / "negative_delay.toml") << "shared_prefill_delay_s = -0.001\n";
   CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "negative_delay.toml"); }),
                  "must not be negative"));
@@ -1369,6 +1375,24 @@ TEST_CASE(
     // B's chunk, and with it the release, is 4 ms longer; then C's chunk is.
     CHECK(*r.records[2].ttft_s() == Approx(c_ttft + 2 * delay).epsilon(1e-9));
     CHECK(r.records[0].itl_s[3] == Approx(pb + delay + decode_a(4)).epsilon(1e-6));
+  }
+  SUBCASE("a front end's time per request is in every TTFT and end-to-end time, no gap") {
+    const double front_end = 0.003;
+    const auto plain = run_simulation(config, d, trace, o);
+    gpu_calibration cal;
+    cal.front_end_s = front_end;
+    o.calibrations["h200"] = cal;
+    const auto r = run_simulation(config, d, trace, o);
+    REQUIRE(r.records.size() == plain.records.size());
+    for (std::size_t i = 0; i < r.records.size(); ++i) {
+      REQUIRE(r.records[i].succeeded());
+      CHECK(*r.records[i].ttft_s() == Approx(*plain.records[i].ttft_s() + front_end).epsilon(1e-9));
+      CHECK(r.records[i].e2e_s() == Approx(plain.records[i].e2e_s() + front_end).epsilon(1e-9));
+      REQUIRE(r.records[i].itl_s.size() == plain.records[i].itl_s.size());
+      for (std::size_t g = 0; g < r.records[i].itl_s.size(); ++g)
+        CHECK(r.records[i].itl_s[g] == Approx(plain.records[i].itl_s[g]).epsilon(1e-6));
+    }
+    CHECK(*r.records[1].ttft_s() == Approx(b_ttft + front_end).epsilon(1e-9));
   }
 }
 
