@@ -894,18 +894,16 @@ namespace {
 
 /// One struct decoded two ways: DUET_MSGPACK_MAP and msgpack-c's MSGPACK_DEFINE_MAP, the
 /// reference for what a map means (unknown keys, missing fields, repeated keys, bad keys).
-struct fields_ours {
+struct fields {
   uint32_t id = 7;
   std::string name = "unset";
   std::vector<int32_t> tokens;
   double weight = 0.5;
+};
+struct fields_ours : fields {
   DUET_MSGPACK_MAP(id, name, tokens, weight);
 };
-struct fields_reference {
-  uint32_t id = 7;
-  std::string name = "unset";
-  std::vector<int32_t> tokens;
-  double weight = 0.5;
+struct fields_reference : fields {
   MSGPACK_DEFINE_MAP(id, name, tokens, weight);
 };
 
