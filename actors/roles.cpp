@@ -278,7 +278,7 @@ struct decode_role : worker_state<decode_core> {
   static void on(decode_core& core, const msg::envelope& env, M& m, int64_t now, int64_t /*received*/) {
     if constexpr (std::is_same_v<M, msg::kv_adopt>) core.on_adopt(env, m, now);
     else if constexpr (std::is_same_v<M, msg::kv_moved>) core.on_moved(m, now);
-    else if constexpr (std::is_same_v<M, msg::kv_chunk>) core.on_chunk(env, m, now);
+    else if constexpr (std::is_same_v<M, msg::kv_chunk>) core.on_chunk(env, std::move(m), now);
     else if constexpr (std::is_same_v<M, msg::cancel_seq>) core.on_cancel(m);
   }
 };
@@ -335,17 +335,19 @@ duet_actor::behavior_type worker_behavior(duet_actor::stateful_pointer<Role> sel
   st.context = context;
   st.router = addrs.router;
   st.board->last = st.core->load();
-  if constexpr (std::is_same_v<Role, prefill_role>) {
-    if (prefill_steps_in_background(context.config->engine.kind)) {
-      // Prefill steps of an engine that computes (cpu, cuda) run on a thread of their own, so
-      // KV-stream acks, cancels and prompts are taken while the chunk computes.
-      auto weak = caf::actor_cast<caf::weak_actor_ptr>(self);
-      st.core->compute_in_background([weak] {
-        if (auto strong = caf::actor_cast<caf::strong_actor_ptr>(weak)) {
-          caf::anon_send(caf::actor_cast<duet_actor>(strong), step_done_atom::value);
-        }
-      });
-    }
+  // Steps of an engine that computes (cpu, cuda) run on a thread of their own, so messages
+  // are taken while the GPU works: KV-stream acks, cancels and prompts during a prefill
+  // chunk; adoptions during a decode step, whose sequences then join the next step.
+  const bool background = std::is_same_v<Role, prefill_role>
+                              ? prefill_steps_in_background(context.config->engine.kind)
+                              : decode_steps_in_background(context.config->engine.kind);
+  if (background) {
+    auto weak = caf::actor_cast<caf::weak_actor_ptr>(self);
+    st.core->compute_in_background([weak] {
+      if (auto strong = caf::actor_cast<caf::strong_actor_ptr>(weak)) {
+        caf::anon_send(caf::actor_cast<duet_actor>(strong), step_done_atom::value);
+      }
+    });
   }
   self->send(self, tick_atom::value);
   self->template spawn<caf::linked>(load_reporter, st.board, context, addrs.router);

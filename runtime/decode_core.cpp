@@ -1,6 +1,8 @@
 #include "runtime/decode_core.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include <unistd.h>
 
@@ -8,6 +10,11 @@
 #include "runtime/kv_pool_share.hpp"
 
 namespace duet {
+
+bool decode_steps_in_background(const std::string& engine_kind) {
+  const char* env = std::getenv("DUET_DECODE_THREAD");
+  return engine_kind != "sim" && !(env && std::string_view(env) == "0");
+}
 
 decode_core::decode_core(std::string self, decode_settings settings, engine& engine)
     : settings_(std::move(settings)),
@@ -165,6 +172,11 @@ decode_core::sequence* decode_core::find_by_handle(uint64_t handle_id) {
 }
 
 void decode_core::on_moved(const msg::kv_moved& m, int64_t now_ms) {
+  const bool imports = m.path == msg::kv_path::host_shm || m.path == msg::kv_path::cuda_ipc;
+  if (imports && engine_busy()) {
+    deferred_.emplace_back(msg::envelope{}, m);  // the copy from the owner's pool waits for the step
+    return;
+  }
   sequence* s = find_by_handle(m.handle_id);
   if (!s || s->state != decode_state::pulling) {
     ++counters_["stale_moves"];
@@ -246,7 +258,11 @@ void decode_core::on_early_chunk(const msg::envelope& env, const msg::kv_chunk& 
   out_.send(env.src, msg::kv_chunk_ack{m.handle_id, e.receiver.received()});
 }
 
-void decode_core::on_chunk(const msg::envelope& env, const msg::kv_chunk& m, int64_t now_ms) {
+void decode_core::on_chunk(const msg::envelope& env, msg::kv_chunk m, int64_t now_ms) {
+  if (engine_busy()) {
+    deferred_.emplace_back(env, std::move(m));  // written into the pool after the step
+    return;
+  }
   sequence* s = find_by_handle(m.handle_id);
   if (!s && settings_.accept_early) return on_early_chunk(env, m, now_ms);
   if (!s || s->state != decode_state::pulling) {
@@ -366,11 +382,27 @@ std::chrono::nanoseconds decode_core::begin_recompute(sequence& s) {
   chunk.start = s.recomputed;
   chunk.blocks = s.blocks;
   chunk.last = false;
-  in_flight_output_ = engine_.prefill(std::span(&chunk, 1));
   in_flight_.push_back(s.seq_id);
   recompute_in_flight_ = n;
   ++counters_["recompute_steps"];
-  return in_flight_output_.modeled;
+  return launch([this, chunk] { return engine_.prefill(std::span(&chunk, 1)); });
+}
+
+std::chrono::nanoseconds decode_core::launch(std::function<step_output()> step) {
+  if (!background_) {
+    in_flight_output_ = step();
+    return in_flight_output_.modeled;
+  }
+  // The step's spans stay valid: in-flight sequences are neither erased nor changed until
+  // finish_step (on_cancel and tick skip them, grow and preempt run only in begin_step).
+  background_->launch(std::move(step), notify_);
+  in_flight_output_ = {};
+  return std::chrono::nanoseconds{0};
+}
+
+void decode_core::compute_in_background(std::function<void()> notify) {
+  notify_ = std::move(notify);
+  if (!background_) background_ = std::make_unique<step_thread>();
 }
 
 std::optional<std::chrono::nanoseconds> decode_core::begin_decode() {
@@ -392,11 +424,10 @@ std::optional<std::chrono::nanoseconds> decode_core::begin_decode() {
   }
   in_flight_ = std::move(batch);
   recompute_in_flight_ = 0;
-  in_flight_output_ = engine_.decode(slots);
   ++counters_["steps"];
   counters_["batched_sequences"] += slots.size();
   ++counters_[decode_batch_counter(slots.size())];
-  return in_flight_output_.modeled;
+  return launch([this, slots = std::move(slots)] { return engine_.decode(slots); });
 }
 
 std::optional<std::chrono::nanoseconds> decode_core::begin_step(int64_t now_ms) {
@@ -418,13 +449,26 @@ std::optional<std::chrono::nanoseconds> decode_core::begin_step(int64_t now_ms) 
 }
 
 void decode_core::finish_step(int64_t now_ms) {
+  if (background_ && background_->busy()) in_flight_output_ = background_->take();
+  for (uint64_t id : deferred_releases_) engine_.release(id);
+  deferred_releases_.clear();
   if (recompute_in_flight_ > 0) {
     finish_recompute(now_ms);
   } else {
     record_hop(counters_, "step", (now_ms - step_began_ms_) * 1000);  // decode steps only (hop_stats.hpp)
     finish_decode(now_ms);
   }
+  run_deferred(now_ms);
   try_admit_waiting(now_ms);
+}
+
+void decode_core::run_deferred(int64_t now_ms) {
+  auto deferred = std::move(deferred_);
+  deferred_.clear();
+  for (auto& [env, message] : deferred) {
+    if (auto* moved = std::get_if<msg::kv_moved>(&message)) on_moved(*moved, now_ms);
+    else on_chunk(env, std::move(std::get<msg::kv_chunk>(message)), now_ms);
+  }
 }
 
 void decode_core::finish_recompute(int64_t now_ms) {
@@ -545,7 +589,8 @@ void decode_core::end(sequence& s, msg::finish_reason reason, msg::error_code co
   out_.send(s.client, f);
   out_.send(settings_.router, msg::request_done{id, reason, s.generated});
   pool_.free(s.blocks);
-  engine_.release(id);
+  if (engine_busy()) deferred_releases_.push_back(id);  // the engine is computing on another thread
+  else engine_.release(id);
   std::erase(waiting_, id);
   std::erase(preempted_, id);
   std::erase(running_, id);

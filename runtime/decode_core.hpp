@@ -2,11 +2,15 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "messages/catalogue.hpp"
@@ -14,8 +18,15 @@
 #include "runtime/engine.hpp"
 #include "runtime/kv_stream.hpp"
 #include "runtime/outbox.hpp"
+#include "runtime/step_thread.hpp"
 
 namespace duet {
+
+/// Whether a decode worker of this engine kind computes its steps on a thread of its own
+/// (decode_core::compute_in_background): every engine that computes (cpu, cuda), not the sim
+/// engine, whose steps are timers. DUET_DECODE_THREAD=0 keeps them on the actor's thread,
+/// where a sequence adopted during a step joins the batch two steps later instead of one.
+[[nodiscard]] bool decode_steps_in_background(const std::string& engine_kind);
 
 /// How a decode worker gives KV blocks to its sequences.
 enum class kv_allocation : uint8_t {
@@ -78,14 +89,25 @@ class decode_core {
   void on_adopt(const msg::envelope& env, const msg::kv_adopt& m, int64_t now_ms);
   void on_moved(const msg::kv_moved& m, int64_t now_ms);
   /// A chunk of KV bytes on the stream path; the last one completes the pull.
-  void on_chunk(const msg::envelope& env, const msg::kv_chunk& m, int64_t now_ms);
+  void on_chunk(const msg::envelope& env, msg::kv_chunk m, int64_t now_ms);
   void on_cancel(const msg::cancel_seq& m);
 
+  /// From now on each step computes on a thread of its own (step_thread.hpp) and `notify` is
+  /// called there when it ends: the caller then runs finish_step on its own thread. Messages
+  /// keep being taken meanwhile, so an adoption's pull and its kv_moved complete during the
+  /// step and the sequence joins the next one. The engine sees only its const info calls from
+  /// the caller's thread during a step: KV imports and stream writes (the messages that need
+  /// them) and releases wait for finish_step.
+  void compute_in_background(std::function<void()> notify);
+
+  /// Runs the engine on the next batch (or recompute chunk). Returns how long the actor must
+  /// wait before finish_step (sim engine), or nothing when there is no work. A step in the
+  /// background returns zero; the notify of compute_in_background says when it is done.
   [[nodiscard]] std::optional<std::chrono::nanoseconds> begin_step(int64_t now_ms);
   void finish_step(int64_t now_ms);
   void tick(int64_t now_ms);
-  /// Decode steps compute on the caller's thread (they are short; a prefill step is not).
-  [[nodiscard]] bool step_in_background() const { return false; }
+  /// The step begun last computes in the background: wait for its notify, not for a timer.
+  [[nodiscard]] bool step_in_background() const { return background_ && !in_flight_.empty(); }
 
   [[nodiscard]] outbox& out() { return out_; }
   [[nodiscard]] const block_manager& pool() const { return pool_; }
@@ -146,6 +168,12 @@ class decode_core {
   void finish_recompute(int64_t now_ms);
   void finish_decode(int64_t now_ms);
   void end(sequence& s, msg::finish_reason reason, msg::error_code code, const std::string& message);
+  /// A background step holds the engine: calls that change it wait for finish_step.
+  [[nodiscard]] bool engine_busy() const { return background_ && background_->busy(); }
+  /// Starts the step: on the step thread with compute_in_background, else here.
+  [[nodiscard]] std::chrono::nanoseconds launch(std::function<step_output()> step);
+  /// The engine's work held back during a background step, in arrival order.
+  void run_deferred(int64_t now_ms);
 
   decode_settings settings_;
   engine& engine_;
@@ -161,6 +189,12 @@ class decode_core {
   int64_t step_began_ms_ = 0;
   uint32_t recompute_in_flight_ = 0;  // tokens of the recompute step in flight (0: a decode step)
   bool last_step_recompute_ = false;  // recompute and decode steps take turns
+  std::unique_ptr<step_thread> background_;
+  std::function<void()> notify_;
+  /// Messages whose handling calls the engine (an import, a stream write), taken while a
+  /// background step ran; replayed in order by finish_step.
+  std::vector<std::pair<msg::envelope, std::variant<msg::kv_moved, msg::kv_chunk>>> deferred_;
+  std::vector<uint64_t> deferred_releases_;  // sequences ended while the engine computed
   uint64_t next_arrival_ = 0;
   std::map<std::string, uint64_t> counters_;
 };
