@@ -30,7 +30,7 @@ import sys
 import tempfile
 
 from calibration_grid import grid_points, with_keys
-from serve_runs import bucket_step, prefill_thread, window
+from serve_runs import bucket_step, decode_thread, prefill_thread, window
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIGURES = (("ttft_s", "p50"), ("ttft_s", "p99"), ("itl_s", "p50"), ("itl_s", "p99"))
@@ -40,7 +40,7 @@ def simulate(duet, traces, run, cal_file, out_dir, spread=0.0):
     run = pathlib.Path(run)
     trace, start, duration, rate = window(run.name)
     out = pathlib.Path(out_dir) / run.parent.name / run.name
-    env = dict(os.environ, DUET_PREFILL_THREAD=str(prefill_thread(run)),
+    env = dict(os.environ, DUET_PREFILL_THREAD=str(prefill_thread(run)), DUET_DECODE_THREAD=str(decode_thread(run)),
                DUET_DECODE_BUCKET_STEP=str(bucket_step(run)))
     subprocess.run([duet, "sim", "--config", f"{run}.toml",
                     "--trace", f"{traces}/AzureLLMInferenceTrace_{trace}_2023.csv",

@@ -37,7 +37,7 @@ for toml in "$DATA"/*.toml; do
   else
     cp "$toml" "$OUT/$name.toml"
   fi
-  DUET_DECODE_BUCKET_STEP=$5 DUET_PREFILL_THREAD=$6 "$DUET" sim --config "$OUT/$name.toml" --trace "$TRACES/AzureLLMInferenceTrace_$1_2023.csv" --start "$2" \
+  DUET_DECODE_BUCKET_STEP=$5 DUET_PREFILL_THREAD=$6 DUET_DECODE_THREAD=$7 "$DUET" sim --config "$OUT/$name.toml" --trace "$TRACES/AzureLLMInferenceTrace_$1_2023.csv" --start "$2" \
     --duration "$3" --rate-scale "$4" --slo ttft=2s,tpot=50ms --calibration "$CAL" \
     --speed-spread "$SPREAD" --out "$OUT/$name" >"$OUT/$name.log"
 done

@@ -3,7 +3,8 @@ window and the engine settings the simulator must be given to price it as it ran
 place that knows; scripts/resim-serve.sh, fit-concurrency.py and repeat-spread.py read it.
 
   python3 scripts/serve_runs.py docs/data/h200-serve-2026-12-03d/conv4-pd-streams-b256
-  -> conv 0 240 4 32 1   (trace, start s, duration s, rate scale, decode bucket step, prefill thread)
+  -> conv 0 240 4 32 1 0   (trace, start s, duration s, rate scale, decode bucket step, prefill
+                            thread, decode thread)
 """
 import pathlib
 import re
@@ -40,6 +41,20 @@ def prefill_thread(run):
     return 0 if run.name.endswith("-sync") else 1
 
 
+# The last folder whose runs computed decode steps on the actor's thread: the decode step
+# thread (runtime/decode_core.hpp, DUET_DECODE_THREAD) came after it.
+LAST_INLINE_DECODE = ("2026-12-05", "e")
+
+
+def decode_thread(run):
+    """1 for runs of a duet with decode steps on a thread of their own, 0 before (folders dated
+    up to LAST_INLINE_DECODE, letters included: h200-serve-2026-12-05b is before, -05f after)."""
+    found = re.search(r"(\d{4}-\d{2}-\d{2})([a-z]?)$", run.parent.name)
+    if not found:  # h200-serve: the 11-29 runs
+        return 0
+    return 0 if (found.group(1), found.group(2)) <= LAST_INLINE_DECODE else 1
+
+
 if __name__ == "__main__":
     run = pathlib.Path(sys.argv[1])
-    print(*window(run.name), bucket_step(run), prefill_thread(run))
+    print(*window(run.name), bucket_step(run), prefill_thread(run), decode_thread(run))

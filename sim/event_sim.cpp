@@ -211,8 +211,8 @@ struct unit {
   // On a shared stream (step_policy::stream): a step is enqueued, not yet returned.
   bool in_step = false;
   bool second_sync = false;  // the step sampled tokens (prefill): it syncs once more
-  bool synchronous = false;  // its steps compute on the actor's thread (decode; prefill unless
-                             // prefill_steps_in_background)
+  bool synchronous = false;  // its steps compute on the actor's thread (DUET_PREFILL_THREAD=0,
+                             // DUET_DECODE_THREAD=0)
   // A cuda or cpu engine computes inside the actor's begin_step (actors/roles.cpp): messages
   // that reach the worker while its step runs wait in its mailbox until the step returns.
   struct held_message {
@@ -419,10 +419,12 @@ class event_sim {
                                               config_.model.max_context, config_.model.block_tokens,
                                               w.sm_share, 1.0);
       }
-      // A prefill step of a computing engine runs on the worker's step thread (actors/roles.cpp):
-      // its actor takes messages meanwhile and holds no register acks.
-      u.synchronous = synchronous_steps_ && !(w.role == actor_role::prefill &&
-                                              prefill_steps_in_background(config_.engine.kind));
+      // A computing engine's steps run on the worker's step thread (actors/roles.cpp) unless
+      // DUET_PREFILL_THREAD / DUET_DECODE_THREAD say 0: its actor takes messages meanwhile.
+      const bool in_background = w.role == actor_role::prefill
+                                     ? prefill_steps_in_background(config_.engine.kind)
+                                     : decode_steps_in_background(config_.engine.kind);
+      u.synchronous = synchronous_steps_ && !in_background;
       // A decode step costs as the CUDA graph the engine would replay for its batch.
       u.engine = std::make_unique<tally_engine>(
           engine, u.synchronous,
