@@ -302,7 +302,7 @@ latency_summary summarize_impl(std::span<const request_record> records, const la
   s.requests = records.size();
   s.slo = slo;
   s.method = method;
-  std::vector<double> ttft, tpot, itl, e2e;
+  std::vector<double> ttft, tpot, itl, second, e2e;
   ttft.reserve(records.size());
   tpot.reserve(records.size());
   e2e.reserve(records.size());
@@ -329,6 +329,7 @@ latency_summary summarize_impl(std::span<const request_record> records, const la
     if (const auto t = r.ttft_s()) ttft.push_back(*t);
     if (const auto t = r.tpot_s()) tpot.push_back(*t);
     itl.insert(itl.end(), r.itl_s.begin(), r.itl_s.end());
+    if (!r.itl_s.empty()) second.push_back(r.itl_s.front());
     if (meets_slo(r, slo)) ++s.good;
   }
   if (duration_s) {
@@ -348,6 +349,7 @@ latency_summary summarize_impl(std::span<const request_record> records, const la
   s.ttft_s = summarize_owned(ttft, method);
   s.tpot_s = summarize_owned(tpot, method);
   s.itl_s = summarize_owned(itl, method);
+  s.second_token_s = summarize_owned(second, method);
   s.e2e_s = summarize_owned(e2e, method);
   return s;
 }
@@ -439,7 +441,8 @@ std::string format_summary_table(const latency_summary& s, std::string_view titl
   for (const char* h : {"mean", "P50", "P90", "P99", "max", "count"}) out += pad_left(h, col_w);
   out += '\n';
   const std::pair<const char*, const percentile_summary*> rows[] = {
-      {"TTFT", &s.ttft_s}, {"TPOT", &s.tpot_s}, {"ITL", &s.itl_s}, {"E2E", &s.e2e_s}};
+      {"TTFT", &s.ttft_s}, {"TPOT", &s.tpot_s}, {"ITL", &s.itl_s}, {"2nd token", &s.second_token_s},
+      {"E2E", &s.e2e_s}};
   for (const auto& [name, p] : rows) {
     out += pad_right(name, name_w);
     if (p->count == 0) {
@@ -482,6 +485,7 @@ std::string format_comparison_table(std::span<const std::pair<std::string, laten
       {"TTFT", &latency_summary::ttft_s},
       {"TPOT", &latency_summary::tpot_s},
       {"ITL", &latency_summary::itl_s},
+      {"2nd token", &latency_summary::second_token_s},
       {"E2E", &latency_summary::e2e_s}};
   for (const auto& [metric, member] : metrics) {
     const std::pair<const char*, double percentile_summary::*> stats[] = {
@@ -548,6 +552,7 @@ void to_json(nlohmann::json& j, const latency_summary& s) {
   j["ttft_s"] = s.ttft_s;
   j["tpot_s"] = s.tpot_s;
   j["itl_s"] = s.itl_s;
+  j["second_token_s"] = s.second_token_s;
   j["e2e_s"] = s.e2e_s;
 }
 
@@ -585,6 +590,7 @@ void from_json(const nlohmann::json& j, latency_summary& s) {
   j.at("ttft_s").get_to(s.ttft_s);
   j.at("tpot_s").get_to(s.tpot_s);
   j.at("itl_s").get_to(s.itl_s);
+  if (j.contains("second_token_s")) j.at("second_token_s").get_to(s.second_token_s);  // since 2026-12-05
   j.at("e2e_s").get_to(s.e2e_s);
 }
 

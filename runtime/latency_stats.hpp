@@ -170,6 +170,10 @@ struct latency_summary {
   percentile_summary ttft_s;  // completed requests with a first token
   percentile_summary tpot_s;  // completed requests with > 1 output token
   percentile_summary itl_s;   // all gaps of completed requests
+  // The first of those gaps per request (first to second token): on PD it holds the KV
+  // handover and the wait to join a decode step, which ITL's P99 hides among the rest or,
+  // with short outputs, is made of.
+  percentile_summary second_token_s;
   percentile_summary e2e_s;   // completed requests
 };
 
@@ -185,7 +189,7 @@ struct latency_summary {
                                         percentile_method method = percentile_method::linear);
 
 /// A terminal-friendly table: request counts, throughput, goodput, then one row per metric
-/// (TTFT, TPOT, ITL, E2E) with mean / P50 / P90 / P99 / max in milliseconds and the count.
+/// (TTFT, TPOT, ITL, 2nd token, E2E) with mean / P50 / P90 / P99 / max in milliseconds and the count.
 /// Lines end in '\n'; no colour codes; 80 columns (a long list of failure kinds may wrap).
 [[nodiscard]] std::string format_summary_table(const latency_summary& summary,
                                                std::string_view title = {});

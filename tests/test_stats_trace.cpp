@@ -230,6 +230,10 @@ TEST_CASE("summarize computes TTFT, TPOT, ITL, E2E and throughput over completed
   CHECK(s.itl_s.p50 == 0.125);
   CHECK(s.itl_s.p90 == 0.25);
 
+  CHECK(s.second_token_s.count == 2);  // r1's and r2's first gaps
+  CHECK(s.second_token_s.p50 == Approx(0.1875));
+  CHECK(s.second_token_s.max == 0.25);
+
   CHECK(s.e2e_s.count == 3);
   CHECK(s.e2e_s.p50 == 1.25);
   CHECK(s.e2e_s.min == 0.25);
@@ -291,7 +295,7 @@ TEST_CASE("the summary table shows every metric in milliseconds within 80 column
   const auto s = summarize(crafted_records(), latency_slo{0.25, 0.125});
   const std::string table = format_summary_table(s, "1P1D on H200");
   INFO(table);
-  for (const char* word : {"1P1D on H200", "TTFT", "TPOT", "ITL", "E2E", "P50", "P90", "P99",
+  for (const char* word : {"1P1D on H200", "TTFT", "TPOT", "ITL", "2nd token", "E2E", "P50", "P90", "P99",
                            "goodput", "timeout 1", "TTFT <= 250.0 ms", "TPOT <= 125.0 ms"}) {
     CHECK(contains(table, word));
   }
@@ -325,7 +329,12 @@ TEST_CASE("the summary JSON carries every field and reads back unchanged") {
   CHECK(std::isinf(back.slo.tpot_s));
   CHECK(back.slo.ttft_s == 0.25);
   CHECK(back.itl_s.p50 == s.itl_s.p50);
+  CHECK(back.second_token_s.p50 == s.second_token_s.p50);
   CHECK(back.e2e_s.max == s.e2e_s.max);
+  // A summary written before the second-token figure existed still reads.
+  auto older = parsed;
+  older.erase("second_token_s");
+  CHECK(older.get<latency_summary>().second_token_s.count == 0);
   CHECK(back.outcomes == s.outcomes);
   nlohmann::json implicit = s;  // ADL to_json
   CHECK(implicit == j);
