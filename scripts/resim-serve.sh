@@ -25,6 +25,8 @@ OUT=${OUT:-resim-out}
 # RESIM_SPREAD=0.03: each run also simulated with the engine 3 % slower and faster (duet sim
 # --speed-spread); the table then gives the TTFT P99 range and whether the live figure is in it.
 SPREAD=${RESIM_SPREAD:-0}
+# RESIM_DECODE_THREAD=1 (or 0): every run simulated with decode steps on a thread of their own
+# (or on the actor's thread) whatever it ran with: what the decode step thread would change.
 mkdir -p "$OUT"
 for toml in "$DATA"/*.toml; do
   name=$(basename "$toml" .toml)
@@ -37,7 +39,7 @@ for toml in "$DATA"/*.toml; do
   else
     cp "$toml" "$OUT/$name.toml"
   fi
-  DUET_DECODE_BUCKET_STEP=$5 DUET_PREFILL_THREAD=$6 DUET_DECODE_THREAD=$7 "$DUET" sim --config "$OUT/$name.toml" --trace "$TRACES/AzureLLMInferenceTrace_$1_2023.csv" --start "$2" \
+  DUET_DECODE_BUCKET_STEP=$5 DUET_PREFILL_THREAD=$6 DUET_DECODE_THREAD=${RESIM_DECODE_THREAD:-$7} "$DUET" sim --config "$OUT/$name.toml" --trace "$TRACES/AzureLLMInferenceTrace_$1_2023.csv" --start "$2" \
     --duration "$3" --rate-scale "$4" --slo ttft=2s,tpot=50ms --calibration "$CAL" \
     --speed-spread "$SPREAD" --out "$OUT/$name" >"$OUT/$name.log"
 done
