@@ -212,10 +212,16 @@ $dec
 EOF
 }
 
+decode_thread_of() {  # decode_thread_of NAME: 0 for runs named -inline (decode steps on the actor's
+  # thread, as every run up to 2026-12-05e), else $DUET_DECODE_THREAD or 1 (scripts/serve_runs.py)
+  if [[ $1 == *-inline ]]; then echo 0; else echo "${DUET_DECODE_THREAD:-1}"; fi
+}
+
 up_start() {  # up_start NAME SLOT KIND VISIBLE_GPUS: `duet up` of that deployment, in the background (pid in UP)
   local name=$1 slot=$2 kind=$3 visible=$4
   deploy "$RUNS/$name.toml" "$slot" "$kind" || return 1
-  CUDA_VISIBLE_DEVICES=$visible "$BUILD/duet" up --config "$RUNS/$name.toml" >"$RUNS/$name.up.log" 2>&1 &
+  DUET_DECODE_THREAD=$(decode_thread_of "$name") CUDA_VISIBLE_DEVICES=$visible "$BUILD/duet" up \
+    --config "$RUNS/$name.toml" >"$RUNS/$name.up.log" 2>&1 &
   UP=$! UP_KIND=${kind%%+*}
 }
 
@@ -231,7 +237,8 @@ up_stop() {  # up_stop NAME SLOT: SIGTERM to $UP, SIGKILL after 20 s (1p1d: its 
 
 bench_serve() {  # bench_serve NAME SLOT CALIBRATION WAIT_S LIMIT_S TRACE START DURATION RATE: bench serve, simulator beside
   local name=$1 slot=$2 cal=$3 wait=$4 limit=$5 trace=$6 start=$7 dur=$8 rate=$9 rc
-  timeout -k 10 $((limit + wait + ${BENCH_GRACE:-60})) "$BUILD/duet" bench serve --url "http://127.0.0.1:$((18080 + slot))" \
+  DUET_DECODE_THREAD=$(decode_thread_of "$name") \
+    timeout -k 10 $((limit + wait + ${BENCH_GRACE:-60})) "$BUILD/duet" bench serve --url "http://127.0.0.1:$((18080 + slot))" \
     --trace "$TRACES/$trace" --start "$start" --duration "$dur" --rate-scale "$rate" --slo "$SLO" \
     --wait "$wait" --time-limit "$limit" --name "$name" --config "$RUNS/$name.toml" --sim-deployment config \
     --calibration "$cal" --title "$name: $trace from ${start}s, ${dur}s at rate x$rate" \

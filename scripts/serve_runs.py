@@ -48,7 +48,10 @@ LAST_INLINE_DECODE = ("2026-12-05", "e")
 
 def decode_thread(run):
     """1 for runs of a duet with decode steps on a thread of their own, 0 before (folders dated
-    up to LAST_INLINE_DECODE, letters included: h200-serve-2026-12-05b is before, -05f after)."""
+    up to LAST_INLINE_DECODE, letters included: h200-serve-2026-12-05b is before, -05f after)
+    and for runs named -inline (DUET_DECODE_THREAD=0, scripts/gpu-serve.sh)."""
+    if run.name.endswith("-inline"):
+        return 0
     found = re.search(r"(\d{4}-\d{2}-\d{2})([a-z]?)$", run.parent.name)
     if not found:  # h200-serve: the 11-29 runs
         return 0
