@@ -91,9 +91,9 @@ for live_file, sim_file in runs():
 pending = [d for d in sorted(out.iterdir()) if (d / "summary.json").exists() and not (data / f"{d.name}.json").exists()]
 if pending:
     print()
-    print("| run | TTFT P50 / P99 ms" + (" (P99 range)" if banded else "") + " | ITL P50 / P99 ms | P99/P50 ITL | TPOT P99 ms "
-          "| goodput req/s | prefill step ms (tokens) | decode step ms (batch) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| run | TTFT P50 / P99 ms" + (" (P99 range)" if banded else "") + " | ITL P50 / P99 ms | P99/P50 ITL "
+          "| 2nd token P50 / P99 ms | TPOT P99 ms | goodput req/s | prefill step ms (tokens) | decode step ms (batch) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for d in pending:
     doc = json.loads((d / "summary.json").read_text())
     s, c = doc["runs"][0]["summary"], doc["simulation"]["runs"][0]["counters"]
@@ -102,7 +102,8 @@ for d in pending:
     speed = doc["simulation"]["runs"][0].get("speed_band")
     rng = (f' ({speed["faster"]["ttft_p99_s"] * 1e3:.0f}–{speed["slower"]["ttft_p99_s"] * 1e3:.0f})' if speed else "")
     print(f'| {d.name} | {ms("ttft_s", "p50"):.0f} / {ms("ttft_s", "p99"):.0f}{rng} | {ms("itl_s", "p50"):.1f} / '
-          f'{ms("itl_s", "p99"):.1f} | {ms("itl_s", "p99") / ms("itl_s", "p50"):.2f} | {ms("tpot_s", "p99"):.1f} | '
+          f'{ms("itl_s", "p99"):.1f} | {ms("itl_s", "p99") / ms("itl_s", "p50"):.2f} | '
+          f'{ms("second_token_s", "p50"):.1f} / {ms("second_token_s", "p99"):.1f} | {ms("tpot_s", "p99"):.1f} | '
           f'{s["goodput_rps"]:.2f} | {per("prefill.hop_step_us", "prefill.hop_step_count") / 1e3:.1f} '
           f'({per("prefill.tokens", "prefill.hop_step_count"):.0f}) | '
           f'{per("decode.hop_step_us", "decode.hop_step_count") / 1e3:.1f} ({per("decode.batched_sequences", "decode.steps"):.1f}) |')
