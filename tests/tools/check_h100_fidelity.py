@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The H100 serving-fidelity figures docs/benchmarks.md states ("The H100's keys on runs they had
-not seen"), recomputed by scripts/fit-concurrency.py from the stored live runs and today's
+not seen", and the decode step thread's runs), recomputed by scripts/fit-concurrency.py from the stored live runs and today's
 simulator. A change to the cost model or to a calibration that moves them fails here, so the docs
 cannot drift from what the simulator does. Needs the Azure traces in ../shared/traces; without
 them it exits 77 (skipped).
@@ -90,4 +90,17 @@ expect(f"sixteen distinct H100 runs are stored (got {len(every_h100)})", len(eve
 scores = {c: score(c, every_h100)[:2] for c in ("h100-cuda-engine-2026-12-05c.toml", "h100-cuda-engine-2026-12-05e.toml")}
 expect(f"over them 12-05c misses 7 of 64, 6 outside the band, and 12-05e 7 and 5 (got {scores})",
        list(scores.values()) == [(7, 6), (7, 5)])
+# The decode step thread (docs/data/h100-serve-2026-12-05f): each deployment with it and -inline
+# on one machine, predicted by 12-05e before the calls; the simulator reads the mode from the
+# run (scripts/serve_runs.py), so the inline runs price the mailbox wait and the others do not.
+thread = runs("h100-serve-2026-12-05f", reps=True)
+over_t, outside_t, detail_t = score("h100-cuda-engine-2026-12-05e.toml", thread)
+expect(f"12-05e misses 6 of the 28 figures of the seven decode-thread runs, all outside the band (got {over_t}, {outside_t})",
+       (over_t, outside_t) == (6, 6))
+pd, inline = detail_t.get("code07-pd-streams-b256-c1024", {}), detail_t.get("code07-pd-streams-b256-c1024-inline", {})
+expect(f"PD code x0.7's ITL P99 is priced +16 % with the thread and +10 % inline (got {pd.get('itl p99')}, {inline.get('itl p99')})",
+       pd.get("itl p99") == 16 and inline.get("itl p99") == 10)
+colo, colo_inline = detail_t.get("code1-colocated-b256", {}), detail_t.get("code1-colocated-b256-inline", {})
+expect(f"colocated code x1's ITL P99 within 5 % both ways (got {colo.get('itl p99')}, {colo_inline.get('itl p99')})",
+       abs(colo.get("itl p99", 99)) <= 5 and abs(colo_inline.get("itl p99", 99)) <= 5)
 finish()
