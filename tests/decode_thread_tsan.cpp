@@ -69,6 +69,20 @@ class racy_engine final : public duet::engine {
   std::map<uint64_t, uint64_t> steps_of_;
 };
 
+msg::kv_adopt adoption(uint64_t seq, std::size_t prompt_tokens) {
+  msg::kv_adopt a;
+  a.seq_id = seq;
+  a.handle_id = 1000 + seq;
+  a.layout_hash = 42;
+  a.client = "n0/http";
+  a.request_id = seq;
+  a.first_token = 7;
+  a.sampling.max_new_tokens = 6;
+  a.sampling.ignore_eos = true;
+  a.prompt.assign(prompt_tokens, 3);
+  return a;
+}
+
 msg::kv_chunk whole_handle(uint64_t handle, uint32_t blocks, uint64_t block_bytes) {
   msg::kv_chunk c;
   c.handle_id = handle;
@@ -105,14 +119,7 @@ int main() {
     const int64_t now = 1000 + round * 10;
     if (!core.begin_step(now)) {
       // Nothing to decode: one sequence on the same-pool path, between steps.
-      msg::kv_adopt a;
-      a.seq_id = next;
-      a.handle_id = 1000 + next;
-      a.layout_hash = 42;
-      a.client = "n0/http";
-      a.sampling.max_new_tokens = 6;
-      a.sampling.ignore_eos = true;
-      a.prompt.assign(20, 3);
+      const auto a = adoption(next, 20);
       core.on_adopt(msg::envelope{}, a, now);
       msg::kv_moved m;
       m.handle_id = a.handle_id;
@@ -122,16 +129,7 @@ int main() {
     } else {
       // Meanwhile: three adoptions, one per path, and a cancel.
       for (int k = 0; k < 3; ++k, ++next, ++adopted) {
-        msg::kv_adopt a;
-        a.seq_id = next;
-        a.handle_id = 1000 + next;
-        a.layout_hash = 42;
-        a.client = "n0/http";
-        a.request_id = next;
-        a.first_token = 7;
-        a.sampling.max_new_tokens = 6;
-        a.sampling.ignore_eos = true;
-        a.prompt.assign(20 + next % 30, 3);
+        const auto a = adoption(next, 20 + next % 30);
         core.on_adopt(msg::envelope{}, a, now);
         const uint32_t blocks = static_cast<uint32_t>((a.prompt.size() + 1 + 15) / 16);
         if (k == 0) {
