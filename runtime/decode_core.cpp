@@ -449,7 +449,7 @@ std::optional<std::chrono::nanoseconds> decode_core::begin_step(int64_t now_ms) 
 }
 
 void decode_core::finish_step(int64_t now_ms) {
-  if (background_ && background_->busy()) in_flight_output_ = background_->take();
+  if (engine_busy()) in_flight_output_ = background_->take();
   for (uint64_t id : deferred_releases_) engine_.release(id);
   deferred_releases_.clear();
   if (recompute_in_flight_ > 0) {
