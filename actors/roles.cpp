@@ -93,6 +93,7 @@ duet_actor::behavior_type router_behavior(duet_actor::stateful_pointer<router_st
   settings.give_up_grace_ms = cfg.broker.transfer_timeout_ms;
   settings.worker_timeout_ms = cfg.transport.peer_timeout_ms;
   settings.stream_prefill = cfg.broker.stream_prefill == "chunks";
+  settings.first_token_from_decode = cfg.router.first_token == "decode";
   self->state.core = std::make_unique<router_core>(context.address, settings, prompt_encoder(cfg));
   self->state.context = context;
   self->send(self, tick_atom::value);

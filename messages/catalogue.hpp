@@ -279,7 +279,13 @@ struct kv_adopt {
   int32_t first_token = 0;
   sampling_params sampling;
   std::vector<int32_t> prompt;  // raw frame; penalties need the history
-  DUET_MSGPACK_MAP(seq_id, handle_id, layout_hash, client, request_id, first_token, sampling);
+  // router.first_token = "decode": the client has not had first_token; the decode worker
+  // sends it (position 0, with these logprobs) when the sequence's first step starts.
+  bool send_first = false;
+  bool has_first_logprobs = false;
+  token_logprobs first_logprobs;
+  DUET_MSGPACK_MAP(seq_id, handle_id, layout_hash, client, request_id, first_token, sampling, send_first,
+                   has_first_logprobs, first_logprobs);
   auto raw() { return std::tie(prompt); }
   friend bool operator==(const kv_adopt&, const kv_adopt&) = default;
 };

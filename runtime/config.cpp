@@ -280,7 +280,8 @@ const std::vector<field<router_config>>& router_fields() {
       {"policy", &router_config::policy},
       {"queue_limit", &router_config::queue_limit},
       {"request_timeout_ms", &router_config::request_timeout_ms},
-      {"max_new_tokens_limit", &router_config::max_new_tokens_limit}};
+      {"max_new_tokens_limit", &router_config::max_new_tokens_limit},
+      {"first_token", &router_config::first_token}};
   return fields;
 }
 
@@ -742,6 +743,7 @@ class validator {
     at_least_one("router.queue_limit", r.queue_limit);
     at_least_one("router.request_timeout_ms", r.request_timeout_ms);
     at_least_one("router.max_new_tokens_limit", r.max_new_tokens_limit);
+    choice("router.first_token", r.first_token, {"prefill", "decode"});
   }
 
   void check_broker() {

@@ -59,6 +59,10 @@ struct router_config {
   uint32_t queue_limit = 4096;          // admitted but not yet finished requests
   uint32_t request_timeout_ms = 120000; // default deadline when the client gives none
   uint32_t max_new_tokens_limit = 32768;
+  // Who streams a request's first token to its client. prefill: the router, as soon as the
+  // prompt is computed (the earliest first token) | decode: the decode worker, when the step
+  // that computes the second token starts (every gap the client sees is one decode step).
+  std::string first_token = "prefill";
 };
 
 /// [broker]

@@ -82,6 +82,8 @@ void decode_core::on_adopt(const msg::envelope& env, const msg::kv_adopt& m, int
   s.prompt_len = static_cast<uint32_t>(m.prompt.size());
   s.tokens.push_back(m.first_token);
   s.generated = 1;
+  s.first_unsent = m.send_first;
+  if (m.send_first && m.has_first_logprobs) s.first_logprobs = m.first_logprobs;
   s.arrival = next_arrival_++;
   s.deadline_ms = env.deadline_ms;
   s.wait_until_ms = now_ms + settings_.transfer_timeout_ms;
@@ -422,6 +424,7 @@ std::optional<std::chrono::nanoseconds> decode_core::begin_decode() {
     sequence& s = seqs_.at(id);
     slots.push_back({id, s.tokens, s.blocks, &s.sampling});
   }
+  send_first_tokens(batch);  // before the launch: the step computes the token after it
   in_flight_ = std::move(batch);
   recompute_in_flight_ = 0;
   ++counters_["steps"];
@@ -488,6 +491,20 @@ void decode_core::finish_recompute(int64_t now_ms) {
   if (s.recomputed + 1 < s.tokens.size()) return;
   s.state = decode_state::running;
   ++counters_["resumed"];
+}
+
+void decode_core::send_first_tokens(const std::vector<uint64_t>& ids) {
+  std::map<std::string, msg::token_batch> batches;  // one message per destination
+  for (uint64_t id : ids) {
+    auto it = seqs_.find(id);
+    if (it == seqs_.end() || !it->second.first_unsent) continue;
+    sequence& s = it->second;
+    s.first_unsent = false;
+    const msg::token_logprobs* logprobs = s.first_logprobs ? &*s.first_logprobs : nullptr;
+    msg::token_batch_push(batches[s.client], s.request_id, s.tokens.at(s.prompt_len), 0, logprobs);
+    s.first_logprobs.reset();
+  }
+  for (auto& [client, batch] : batches) out_.send(client, batch);
 }
 
 void decode_core::finish_decode(int64_t now_ms) {
@@ -579,6 +596,7 @@ void decode_core::tick(int64_t now_ms) {
 
 void decode_core::end(sequence& s, msg::finish_reason reason, msg::error_code code, const std::string& message) {
   const uint64_t id = s.seq_id;
+  send_first_tokens({id});  // the client gets what it would have had from the router, then the finish
   msg::finish f;
   f.request_id = s.request_id;
   f.reason = reason;

@@ -138,6 +138,10 @@ class decode_core {
     bool cancelled = false;
     msg::finish_reason cancel_reason = msg::finish_reason::cancelled;
     kv_stream_receiver receiver;  // the stream path's progress
+    // kv_adopt.send_first: the client has not had the first token; it goes out when the
+    // sequence's first decode step starts (or before its finish).
+    std::optional<msg::token_logprobs> first_logprobs;
+    bool first_unsent = false;
   };
   /// KV that came ahead of its adoption (broker.stream_prefill), by handle.
   struct early_kv {
@@ -150,6 +154,8 @@ class decode_core {
   [[nodiscard]] sequence* find_by_handle(uint64_t handle_id);
   /// The KV is in place: confirm to the broker and join the batch (or end if cancelled).
   void kv_arrived(sequence& s, msg::kv_path path);
+  /// Sends the first tokens still owed to the clients of these sequences (kv_adopt.send_first).
+  void send_first_tokens(const std::vector<uint64_t>& ids);
   void try_admit_waiting(int64_t now_ms);
   /// Gives preempted sequences their blocks back (oldest first); false while one must wait.
   [[nodiscard]] bool try_resume_preempted();

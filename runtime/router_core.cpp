@@ -130,15 +130,19 @@ void router_core::on_prefill_done(const msg::prefill_done& m, int64_t now_ms) {
   r.handle_id = m.handle_id;
   record_hop(counters_, "ttft", (now_ms - r.submitted_ms) * 1000);
   --workers_[r.prefill].outstanding;
-  msg::token_batch first;
-  msg::token_batch_push(first, r.request_id, m.first_token, 0, m.has_first_logprobs ? &m.first_logprobs : nullptr);
-  out_.send(r.client, first);
   const auto& eos = settings_.eos_ids;
   const bool stopped = !r.sampling.ignore_eos &&
                        (std::find(eos.begin(), eos.end(), m.first_token) != eos.end() ||
                         std::find(r.sampling.stop_token_ids.begin(), r.sampling.stop_token_ids.end(),
                                   m.first_token) != r.sampling.stop_token_ids.end());
-  if (r.cancel_sent || stopped || r.sampling.max_new_tokens <= 1) {
+  const bool ends_here = r.cancel_sent || stopped || r.sampling.max_new_tokens <= 1;
+  if (ends_here || !settings_.first_token_from_decode) {
+    msg::token_batch first;
+    msg::token_batch_push(first, r.request_id, m.first_token, 0, m.has_first_logprobs ? &m.first_logprobs : nullptr);
+    out_.send(r.client, first);
+    r.first_sent = true;
+  }
+  if (ends_here) {
     out_.send(settings_.broker, msg::kv_drop{m.handle_id, "no decode needed"});
     const auto reason = r.cancel_sent ? r.cancel_reason
                         : stopped     ? msg::finish_reason::stop
@@ -162,6 +166,11 @@ void router_core::on_prefill_done(const msg::prefill_done& m, int64_t now_ms) {
   adopt.first_token = m.first_token;
   adopt.sampling = r.sampling;
   adopt.prompt = r.prompt;
+  if (!r.first_sent) {
+    adopt.send_first = true;
+    adopt.has_first_logprobs = m.has_first_logprobs;
+    if (m.has_first_logprobs) adopt.first_logprobs = m.first_logprobs;
+  }
   out_.send(r.decode, adopt, r.deadline_ms);
 }
 
@@ -220,7 +229,7 @@ void router_core::tick(int64_t now_ms) {
     if (!r.decode.empty()) --workers_[r.decode].outstanding;
     answer_and_forget(r, msg::finish_reason::timeout, msg::error_code::timeout,
                       "workers did not answer before the deadline",
-                      r.state == request_state::decoding ? 1 : 0);  // the first token went out
+                      r.first_sent ? 1 : 0);  // the tokens this router knows went out
   }
   for (uint64_t id : orphaned) {
     request& r = requests_.at(id);
@@ -231,7 +240,7 @@ void router_core::tick(int64_t now_ms) {
     if (!r.decode.empty()) --workers_[r.decode].outstanding;
     answer_and_forget(r, msg::finish_reason::error, msg::error_code::unavailable,
                       "worker " + holder + " stopped answering",
-                      r.state == request_state::decoding ? 1 : 0);  // the first token went out
+                      r.first_sent ? 1 : 0);  // the tokens this router knows went out
   }
   ready_prefill_ = 0;
   ready_decode_ = 0;

@@ -24,6 +24,7 @@ struct router_settings {
   uint32_t worker_timeout_ms = 3000;     // a worker with no load report this long is not used
   std::vector<int32_t> eos_ids;
   bool stream_prefill = false;  // broker.stream_prefill = "chunks": prefill_request names the decode worker
+  bool first_token_from_decode = false;  // router.first_token = "decode": kv_adopt carries it unsent
 };
 
 /// Ordered request states on the disaggregated path: "has reached" is a comparison.
@@ -68,6 +69,7 @@ class router_core {
     uint64_t handle_id = 0;
     request_state state = request_state::prefilling;
     bool cancel_sent = false;
+    bool first_sent = false;  // by this router (the decode worker may send it instead)
     msg::finish_reason cancel_reason = msg::finish_reason::cancelled;  // timeout when the deadline sent it
   };
   struct worker {

@@ -370,6 +370,7 @@ class event_sim {
     rs.max_new_tokens_limit = config_.router.max_new_tokens_limit;
     rs.give_up_grace_ms = config_.broker.transfer_timeout_ms;
     rs.worker_timeout_ms = config_.transport.peer_timeout_ms;
+    rs.first_token_from_decode = config_.router.first_token == "decode";
     address_to_target_[client_address] = target_client;
     address_to_target_[router_address] = target_router;
     address_to_target_[broker_address] = target_broker;

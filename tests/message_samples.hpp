@@ -119,7 +119,10 @@ inline kv_adopt sample(tag<kv_adopt>) {
           .request_id = 46,
           .first_token = 791,
           .sampling = sample_sampling(),
-          .prompt = {128000, 791, 4320}};
+          .prompt = {128000, 791, 4320},
+          .send_first = true,
+          .has_first_logprobs = true,
+          .first_logprobs = {.logprob = -0.5f, .top_ids = {791, 7}, .top_logprobs = {-0.5f, -2.25f}}};
 }
 inline kv_pool_export sample_pool_export() {
   return {.path = kv_path::cuda_ipc,

@@ -380,6 +380,14 @@ TEST_CASE("stream_prefill needs the stream path and an engine with KV bytes") {
   CHECK(ok.broker.stream_prefill == "chunks");
 }
 
+TEST_CASE("router.first_token is prefill unless set to decode, and nothing else") {
+  CHECK(duet::parse_config(one_node, "t.toml").router.first_token == "prefill");
+  CHECK(duet::parse_config("[router]\nfirst_token = \"decode\"\n" + one_node, "t.toml").router.first_token ==
+        "decode");
+  CHECK_REJECTS("[router]\nfirst_token = \"router\"\n" + one_node,
+                "t.toml:2:15: key 'router.first_token': must be one of: prefill, decode (got 'router')");
+}
+
 TEST_CASE("an unknown key unlike any known one lists the keys its table accepts") {
   CHECK_REJECTS("[broker]\ncolour = \"red\"\n" + one_node,
                 "t.toml:2:1: key 'broker.colour': unknown key (known keys here: lease_ms, "

@@ -909,6 +909,72 @@ TEST_CASE("the first token goes to the client at position 0 and the adoption car
   CHECK(adopt[0].body.prompt == std::vector<int32_t>{10, 11, 12});
 }
 
+TEST_CASE("with first_token = decode the router holds a decoding request's first token back and the adoption carries it") {
+  router_fixture r("least_loaded", 1, 1, [](duet::router_settings& s) { s.first_token_from_decode = true; });
+  msg::sampling_params sampling = with_max_new(20);
+  sampling.logprobs = true;
+  const uint64_t seq = router_fixture::seq_of(r.submit(4, {10, 11, 12}, sampling));
+  msg::prefill_done done;
+  done.seq_id = done.handle_id = seq;
+  done.first_token = 33;
+  done.prompt_tokens = 3;
+  done.layout_hash = 77;
+  done.has_first_logprobs = true;
+  done.first_logprobs = {.logprob = -0.25f, .top_ids = {33}, .top_logprobs = {-0.25f}};
+  r.core->on_prefill_done(done, r.now);
+  auto sent = r.core->out().take();
+  CHECK(count_of<msg::token_batch>(sent) == 0);
+  auto adopt = messages_of<msg::kv_adopt>(sent);
+  REQUIRE(adopt.size() == 1);
+  CHECK(adopt[0].body.first_token == 33);
+  CHECK(adopt[0].body.send_first);
+  CHECK(adopt[0].body.has_first_logprobs);
+  CHECK(adopt[0].body.first_logprobs == done.first_logprobs);
+  // Prefill mode (the default) sends it at once and says so.
+  router_fixture p;
+  const uint64_t seq_p = router_fixture::seq_of(p.submit(4, {10, 11, 12}, sampling));
+  auto sent_p = p.prefill_done(seq_p, 33);
+  CHECK(count_of<msg::token_batch>(sent_p) == 1);
+  REQUIRE(count_of<msg::kv_adopt>(sent_p) == 1);
+  CHECK_FALSE(messages_of<msg::kv_adopt>(sent_p)[0].body.send_first);
+}
+
+TEST_CASE("with first_token = decode a request that ends at prefill still gets its first token from the router") {
+  router_fixture r("least_loaded", 1, 1, [](duet::router_settings& s) {
+    s.first_token_from_decode = true;
+    s.eos_ids = {2};
+  });
+  const uint64_t one = router_fixture::seq_of(r.submit(1, {1, 2}, with_max_new(1)));
+  auto sent = r.prefill_done(one, 42);
+  CHECK(count_of<msg::kv_adopt>(sent) == 0);
+  REQUIRE(count_of<msg::token_batch>(sent) == 1);
+  CHECK(messages_of<msg::token_batch>(sent)[0].body.tokens == std::vector<int32_t>{42});
+  CHECK(messages_of<msg::finish>(sent).at(0).body.completion_tokens == 1);
+  const uint64_t eos = router_fixture::seq_of(r.submit(2, {1, 2}, with_max_new(9)));
+  sent = r.prefill_done(eos, 2);
+  CHECK(count_of<msg::kv_adopt>(sent) == 0);
+  REQUIRE(count_of<msg::token_batch>(sent) == 1);
+  CHECK(messages_of<msg::finish>(sent).at(0).body.reason == msg::finish_reason::stop);
+}
+
+TEST_CASE("with first_token = decode a request the router gives up during decode reports no tokens, as it sent none") {
+  router_fixture r("least_loaded", 1, 1, [](duet::router_settings& s) { s.first_token_from_decode = true; });
+  const int64_t deadline = r.now + 1000;
+  const uint64_t seq = router_fixture::seq_of(r.submit(1, {1, 2}, with_max_new(50), deadline));
+  CHECK(count_of<msg::token_batch>(r.prefill_done(seq)) == 0);
+  (void)r.tick(deadline);
+  auto f = messages_of<msg::finish>(r.tick(deadline + 5000));
+  REQUIRE(f.size() == 1);
+  CHECK(f[0].body.reason == msg::finish_reason::timeout);
+  CHECK(f[0].body.completion_tokens == 0);
+  // In prefill mode the router sent one, and counts it.
+  router_fixture p;
+  const uint64_t seq_p = router_fixture::seq_of(p.submit(1, {1, 2}, with_max_new(50), deadline));
+  (void)p.prefill_done(seq_p);
+  (void)p.tick(deadline);
+  CHECK(messages_of<msg::finish>(p.tick(deadline + 5000)).at(0).body.completion_tokens == 1);
+}
+
 TEST_CASE("a cancel goes once to the worker that holds the request at that stage") {
   router_fixture r;
   const uint64_t seq = router_fixture::seq_of(r.submit(1, {1, 2}));
@@ -1840,6 +1906,81 @@ TEST_CASE("token batches carry one message per client per step") {
   CHECK(d.engine.decode_batches == std::vector<std::size_t>{3});
 }
 
+namespace {
+/// An adoption whose first token the decode worker owes the client (router.first_token = "decode").
+msg::kv_adopt adoption_sending_first(decode_fixture& d, uint64_t seq, const std::vector<int32_t>& prompt,
+                                     uint32_t max_new, uint64_t layout = 0) {
+  msg::kv_adopt m;
+  m.seq_id = m.handle_id = seq;
+  m.layout_hash = layout != 0 ? layout : d.engine.info().layout_hash;
+  m.client = client_a;
+  m.request_id = 100 + seq;
+  m.first_token = reference(prompt, 1).back();
+  m.sampling = with_max_new(max_new);
+  m.prompt = prompt;
+  m.send_first = true;
+  m.has_first_logprobs = true;
+  m.first_logprobs = {.logprob = -0.25f, .top_ids = {m.first_token}, .top_logprobs = {-0.25f}};
+  return m;
+}
+}  // namespace
+
+TEST_CASE("with send_first the first token leaves, with its logprobs, when the sequence's first step starts") {
+  decode_fixture d;
+  const auto prompt = prompt_of(40, 3);
+  d.core.on_adopt(from(router_addr), adoption_sending_first(d, 1, prompt, 5), d.now);
+  CHECK(count_of<msg::token_batch>(d.core.out().take()) == 0);
+  CHECK(count_of<msg::token_batch>(d.moved(1)) == 0);  // in place, not yet stepping
+  REQUIRE(d.core.begin_step(d.now).has_value());
+  // Sent as the step starts: the step computes the token after it.
+  auto first = messages_of<msg::token_batch>(d.core.out().take());
+  REQUIRE(first.size() == 1);
+  CHECK(first[0].dst == client_a);
+  CHECK(first[0].body.request_ids == std::vector<uint64_t>{101});
+  CHECK(first[0].body.positions == std::vector<uint32_t>{0});
+  CHECK(first[0].body.tokens == std::vector<int32_t>{reference(prompt, 1).back()});
+  const auto logprobs = msg::token_batch_logprobs(first[0].body);
+  REQUIRE(logprobs.at(0).has_value());
+  CHECK(logprobs[0]->logprob == -0.25f);
+  d.core.finish_step(d.now);
+  auto rest = d.core.out().take();
+  const auto more = d.run();
+  rest.insert(rest.end(), more.begin(), more.end());
+  const auto [tokens, positions] = stream_of(rest, 101);
+  const auto all = reference(prompt, 5);
+  CHECK(tokens == std::vector<int32_t>(all.begin() + 41, all.end()));
+  CHECK(positions == std::vector<uint32_t>{1, 2, 3, 4});
+  CHECK(only_finish(rest, 1).completion_tokens == 5);
+}
+
+TEST_CASE("with send_first a sequence that ends before its first step sends its first token, then the finish") {
+  decode_fixture d;
+  const auto prompt = prompt_of(40, 3);
+  // The KV transfer fails.
+  d.core.on_adopt(from(router_addr), adoption_sending_first(d, 1, prompt, 5), d.now);
+  (void)d.core.out().take();
+  auto failed = d.moved(1, msg::error_code::unavailable);
+  // Another layout: refused at adoption.
+  d.core.on_adopt(from(router_addr), adoption_sending_first(d, 2, prompt, 5, 12345), d.now);
+  auto refused = d.core.out().take();
+  for (auto* sent : {&failed, &refused}) {
+    const uint64_t seq = sent == &failed ? 1 : 2;
+    CAPTURE(seq);
+    std::size_t token_at = sent->size(), finish_at = sent->size();
+    for (std::size_t i = 0; i < sent->size(); ++i) {
+      const std::vector<outgoing> one{(*sent)[i]};
+      if (count_of<msg::token_batch>(one) == 1) token_at = i;
+      if (count_of<msg::finish>(one) == 1) finish_at = i;
+    }
+    REQUIRE(token_at < finish_at);
+    REQUIRE(finish_at < sent->size());
+    CHECK(stream_of(*sent, 100 + seq).second == std::vector<uint32_t>{0});
+    const auto f = only_finish(*sent, seq);
+    CHECK(f.reason == msg::finish_reason::error);
+    CHECK(f.completion_tokens == 1);
+  }
+}
+
 TEST_CASE("a step takes at most max_batch sequences") {
   decode_fixture d(decode_fixture::settings_with(1024, 2));
   for (uint64_t seq = 1; seq <= 3; ++seq) {
@@ -2650,6 +2791,26 @@ TEST_CASE("a request flows through prefill, the broker and decode to the client 
   CHECK(c.broker().counters().at("confirmed") == 1);
 }
 
+TEST_CASE("with first_token = decode a request gets the same tokens at the same positions, the first from the decode worker") {
+  cluster_options o;
+  o.router.first_token_from_decode = true;
+  cluster c(o);
+  const auto prompt = prompt_of(300, 5);
+  c.submit(1, prompt, with_max_new(20));
+  c.submit(2, prompt_of(30, 6), with_max_new(1));  // ends at prefill: the router sends its token
+  c.settle();
+  const auto& r = c.request(1);
+  REQUIRE(r.finishes.size() == 1);
+  CHECK(r.finishes[0].reason == msg::finish_reason::length);
+  CHECK(r.finishes[0].completion_tokens == 20);
+  CHECK(r.tokens == output_of(prompt, 20));
+  CHECK(r.positions == positions_upto(20));
+  CHECK(r.token_batches == 20);
+  CHECK(c.request(2).tokens == output_of(prompt_of(30, 6), 1));
+  CHECK(c.request(2).finishes.at(0).completion_tokens == 1);
+  check_clean(c);
+}
+
 TEST_CASE("several prefill and decode workers share the load and every pool returns to full") {
   cluster_options o;
   o.prefill_workers = 2;
@@ -2924,11 +3085,13 @@ namespace {
 /// the cluster's internal messages lost; `seed` picks the requests and the losses.
 enum class chaos_kv { accounting, stream, same_pool };
 
-void run_chaos(uint64_t seed, chaos_kv kv = chaos_kv::accounting) {
+void run_chaos(uint64_t seed, chaos_kv kv = chaos_kv::accounting, bool first_from_decode = false) {
   const bool stream = kv == chaos_kv::stream;
   CAPTURE(seed);
   CAPTURE(int(kv));
+  CAPTURE(first_from_decode);
   cluster_options o;
+  o.router.first_token_from_decode = first_from_decode;
   auto tiny = [] {
     return std::make_unique<sim_engine>(*duet::find_model_shape("tiny"), *duet::find_gpu_spec("h200"), "tiny", 2048,
                                         16, 1.0, 0.0);
@@ -3095,6 +3258,12 @@ TEST_CASE("the whole cluster answers 1,000 requests exactly once through random 
   const char* env = std::getenv("DUET_CHAOS_SEEDS");
   const uint64_t seeds = env ? std::strtoull(env, nullptr, 10) : 3;
   for (uint64_t seed = 1; seed <= seeds; ++seed) run_chaos(seed);
+}
+
+TEST_CASE("the same chaos with first_token = decode: each first token reaches its client once, from whichever side sends it") {
+  const char* env = std::getenv("DUET_CHAOS_SEEDS");
+  const uint64_t seeds = env ? std::strtoull(env, nullptr, 10) : 2;
+  for (uint64_t seed = 1; seed <= seeds; ++seed) run_chaos(seed, chaos_kv::accounting, true);
 }
 
 TEST_CASE("the same chaos over the stream path: KV bytes move in lost and late chunks, never corrupt, never leak") {
