@@ -65,7 +65,7 @@ const fs::path& tiny_checkpoint() {
   return dir.path;
 }
 
-std::string one_node_toml(const std::string& endpoint) {
+std::string one_node_toml(const std::string& endpoint, const std::string& first_token) {
   std::string t = R"([model]
 name = "tiny-llama"
 path = ")" + tiny_checkpoint().string() + R"("
@@ -75,6 +75,7 @@ kind = "cpu"
 threads = 1
 [router]
 request_timeout_ms = 60000
+first_token = ")" + first_token + R"("
 [[nodes]]
 name = "local"
 endpoint = ")" + endpoint + "\"\n";
@@ -141,10 +142,12 @@ using testing::wait_ready;
 
 }  // namespace
 
-TEST_CASE("a client receives exactly the log-probabilities the CPU engine's sampler computed") {
+/// `first_token`: router.first_token, who sends output token 0 and its log-probabilities.
+void check_logprobs_reach_the_client(const std::string& first_token) {
+  CAPTURE(first_token);
   static std::atomic<int> run{0};  // each subcase runs the case again: a fresh endpoint each time
   const auto config = parse_config(
-      one_node_toml("inproc://duet-logprobs-" + std::to_string(::getpid()) + "-" + std::to_string(run++)),
+      one_node_toml("inproc://duet-logprobs-" + std::to_string(::getpid()) + "-" + std::to_string(run++), first_token),
       "logprobs.toml");
   const std::vector<int32_t> prompt{128000, 9906, 1917, 11, 1268, 527, 499, 30};
   const auto with_top = greedy_with_logprobs(5);
@@ -170,7 +173,7 @@ TEST_CASE("a client receives exactly the log-probabilities the CPU engine's samp
     REQUIRE(g.tokens.size() == expected.size());
     REQUIRE(g.logprobs.size() == expected.size());
     for (std::size_t i = 0; i < expected.size(); ++i) {
-      INFO("output token " << i << (i == 0 ? " (sampled by prefill, sent by the router)" : " (decode)"));
+      INFO("output token " << i << (i == 0 ? " (sampled by prefill, sent by the " + first_token + " side)" : " (decode)"));
       CHECK(g.tokens[i] == expected[i].token);
       REQUIRE(g.logprobs[i].has_value());
       CHECK(g.logprobs[i]->logprob == expected[i].logprob);
@@ -223,4 +226,12 @@ TEST_CASE("a client receives exactly the log-probabilities the CPU engine's samp
     for (const auto& lp : g.logprobs) CHECK_FALSE(lp.has_value());
   }
   n.stop();
+}
+
+TEST_CASE("a client receives exactly the log-probabilities the CPU engine's sampler computed") {
+  check_logprobs_reach_the_client("prefill");
+}
+
+TEST_CASE("with router.first_token = decode the first token's log-probabilities reach the client through the decode worker") {
+  check_logprobs_reach_the_client("decode");
 }

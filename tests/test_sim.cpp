@@ -1312,6 +1312,51 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "with router.first_token = \"decode\" a request's first token leaves when its first decode "
+    "step starts: its second token comes exactly as before, its first one step before it") {
+  auto config = default_config();
+  config.engine.gpu = "h200";
+  auto d = one_p_one_d("h200");
+  d.link = link_kind::same_gpu;
+  const auto shape = *find_model_shape(config.model.preset);
+  const cost_model costs(shape, *find_gpu_spec("h200"));
+  const double h = 50e-6;
+  auto ns = [](double s) { return std::floor(s * 1e9) / 1e9; };
+  const double pa = ns(costs.prefill_seconds(1000, costs.chunk_attention_flops(1000, 0)));
+  const double pb = ns(costs.prefill_seconds(500, costs.chunk_attention_flops(500, 0)));
+  // As above: A decodes alone; B's prefill ends halfway through A's 5th decode step.
+  const double d1 = 2 * h + pa + 6 * h;
+  double end4 = d1;
+  for (int k = 1; k <= 4; ++k) end4 += ns(costs.decode_seconds(1, 1000 + k));
+  const double tb = end4 + ns(costs.decode_seconds(1, 1005)) / 2 - pb - 2 * h;
+  const std::vector<trace_request> trace = {request_at(0, 1000, 20), request_at(tb, 500, 3)};
+  for (const std::string kind : {"sim", "cuda"}) {
+    CAPTURE(kind);
+    config.engine.kind = kind;
+    config.router.first_token = "prefill";
+    const auto from_prefill = run_simulation(config, d, trace);
+    config.router.first_token = "decode";
+    const auto from_decode = run_simulation(config, d, trace);
+    for (const auto* r : {&from_prefill, &from_decode}) {
+      for (const auto& rec : r->records) REQUIRE(rec.succeeded());
+      CHECK(r->records[1].output_tokens == 3);
+    }
+    const auto& a = from_decode.records[0];
+    const auto& b = from_decode.records[1];
+    const auto& b_before = from_prefill.records[1];
+    // B's second token: unchanged (it joins A's 6th step either way).
+    CHECK(*b.first_token_s + b.itl_s.at(0) == Approx(*b_before.first_token_s + b_before.itl_s.at(0)).epsilon(1e-12));
+    // Its first: at the start of that step, so the gap is the step, as A's gaps are.
+    CHECK(b.itl_s.at(0) == Approx(a.itl_s.at(5)).epsilon(1e-9));
+    CHECK(b_before.itl_s.at(0) > 1.3 * a.itl_s.at(5));  // from mid-step 5 to the end of step 6
+    CHECK(*b.first_token_s > *b_before.first_token_s + 0.3 * a.itl_s.at(4));
+    // A's first token came before any decode step existed: it too waited for step 1's start.
+    CHECK(*a.first_token_s > *from_prefill.records[0].first_token_s);
+    CHECK(a.itl_s.at(0) == Approx(ns(costs.decode_seconds(1, 1001))).epsilon(1e-6));
+  }
+}
+
+TEST_CASE(
     "on one shared stream a prompt's prefill step waits for the decode step ahead of it and, "
     "having sampled its first token, for the decode step queued behind it; decode enqueues "
     "first after both return") {
