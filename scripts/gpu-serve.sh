@@ -24,8 +24,9 @@
 #   matrix    today's engine on both traces and every one-GPU deployment kind, one GPU, the
 #             simulator beside with the newest calibration ($CAL_MATRIX): the runs of
 #             $GPU_SERVE_MATRIX ("NAME KIND TRACE START DURATION RATE;..."; KIND as in stage one, with
-#             +bN for a decode max_batch of N instead of 128, e.g. streams+b256, and +cN for a prefill
-#             chunk_tokens of N instead of 2048, e.g. streams+b256+c512; default code x1 on PD
+#             +bN for a decode max_batch of N instead of 128, e.g. streams+b256, +cN for a prefill
+#             chunk_tokens of N instead of 2048, e.g. streams+b256+c512, and +fd for the first token
+#             from the decode worker (router.first_token = "decode"); default code x1 on PD
 #             streams, colocated and PD 70/30, then conversation x5 on PD streams and colocated), each
 #             warmed up first, in order while they fit by $GPU_SERVE_DEADLINE; $OUT/matrix.tar.gz
 #             (summaries, requests, deployments, logs), rewritten after every run
@@ -142,13 +143,14 @@ if has ckpt && { [ ! -f "$CKPT/config.json" ] || [ ! -f "$CKPT/tokenizer.json" ]
   echo "--- 8B random checkpoint written in $((SECONDS - t0)) s: $(du -sh "$CKPT" | cut -f1)"
 fi
 
-deploy() {  # deploy FILE SLOT KIND[+bN][+cN]: the deployment TOML of one run (+bN: decode max_batch N,
-  # else 128; +cN: prefill chunk_tokens N, else 2048)
-  local file=$1 slot=$2 kind=${3%%+*} pre="" dec="" dnode="" ddev=0 dbatch=128 chunk=2048 opt
+deploy() {  # deploy FILE SLOT KIND[+bN][+cN][+fd]: the deployment TOML of one run (+bN: decode max_batch N,
+  # else 128; +cN: prefill chunk_tokens N, else 2048; +fd: router.first_token = "decode")
+  local file=$1 slot=$2 kind=${3%%+*} pre="" dec="" dnode="" ddev=0 dbatch=128 chunk=2048 first="" opt
   for opt in $(tr '+' ' ' <<<"${3#"$kind"}"); do
     case $opt in
       b*) dbatch=${opt#b} ;;
       c*) chunk=${opt#c} ;;
+      fd) first='first_token = "decode"' ;;
       *) echo "bad option $opt in $3"; return 1 ;;
     esac
   done
@@ -175,6 +177,7 @@ gpu = "$GPU_NAME"
 [router]
 queue_limit = 8192
 request_timeout_ms = 600000
+$first
 
 [broker]
 lease_ms = 60000
