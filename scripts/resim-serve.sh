@@ -27,6 +27,8 @@ OUT=${OUT:-resim-out}
 SPREAD=${RESIM_SPREAD:-0}
 # RESIM_DECODE_THREAD=1 (or 0): every run simulated with decode steps on a thread of their own
 # (or on the actor's thread) whatever it ran with: what the decode step thread would change.
+# RESIM_FIRST_TOKEN=decode (or prefill): every run simulated with that router.first_token.
+FIRST_TOKEN=${RESIM_FIRST_TOKEN:-}
 mkdir -p "$OUT"
 for toml in "$DATA"/*.toml; do
   name=$(basename "$toml" .toml)
@@ -38,6 +40,14 @@ for toml in "$DATA"/*.toml; do
     sed 's/^role = "decode"$/role = "decode"\nkv_allocation = "reserve"/' "$toml" >"$OUT/$name.toml"
   else
     cp "$toml" "$OUT/$name.toml"
+  fi
+  if [ -n "$FIRST_TOKEN" ]; then
+    sed -i '/^first_token = /d' "$OUT/$name.toml"
+    if grep -q '^\[router\]$' "$OUT/$name.toml"; then
+      sed -i "/^\[router\]\$/a first_token = \"$FIRST_TOKEN\"" "$OUT/$name.toml"
+    else
+      printf '\n[router]\nfirst_token = "%s"\n' "$FIRST_TOKEN" >>"$OUT/$name.toml"
+    fi
   fi
   DUET_DECODE_BUCKET_STEP=$5 DUET_PREFILL_THREAD=$6 DUET_DECODE_THREAD=${RESIM_DECODE_THREAD:-$7} "$DUET" sim --config "$OUT/$name.toml" --trace "$TRACES/AzureLLMInferenceTrace_$1_2023.csv" --start "$2" \
     --duration "$3" --rate-scale "$4" --slo ttft=2s,tpot=50ms --calibration "$CAL" \
