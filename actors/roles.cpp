@@ -342,6 +342,12 @@ duet_actor::behavior_type worker_behavior(duet_actor::stateful_pointer<Role> sel
   const bool background = std::is_same_v<Role, prefill_role>
                               ? prefill_steps_in_background(context.config->engine.kind)
                               : decode_steps_in_background(context.config->engine.kind);
+  if constexpr (std::is_same_v<Role, decode_role>) {
+    if (!background) {
+      // The step computes here: a first token owed to a client leaves before it, not after.
+      st.core->send_before_computing([self] { flush(self->state.core->out(), *self->state.context.net); });
+    }
+  }
   if (background) {
     auto weak = caf::actor_cast<caf::weak_actor_ptr>(self);
     st.core->compute_in_background([weak] {

@@ -392,6 +392,7 @@ std::chrono::nanoseconds decode_core::begin_recompute(sequence& s) {
 
 std::chrono::nanoseconds decode_core::launch(std::function<step_output()> step) {
   if (!background_) {
+    if (send_before_computing_) send_before_computing_();
     in_flight_output_ = step();
     return in_flight_output_.modeled;
   }

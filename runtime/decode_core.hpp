@@ -99,6 +99,10 @@ class decode_core {
   /// the caller's thread during a step: KV imports and stream writes (the messages that need
   /// them) and releases wait for finish_step.
   void compute_in_background(std::function<void()> notify);
+  /// A step computed on the caller's thread (no compute_in_background) calls `send` just
+  /// before the engine runs, so what the step's start sent (first tokens owed, kv_adopt.
+  /// send_first) leaves then, not after the step. The actor passes its outbox flush.
+  void send_before_computing(std::function<void()> send) { send_before_computing_ = std::move(send); }
 
   /// Runs the engine on the next batch (or recompute chunk). Returns how long the actor must
   /// wait before finish_step (sim engine), or nothing when there is no work. A step in the
@@ -197,6 +201,7 @@ class decode_core {
   bool last_step_recompute_ = false;  // recompute and decode steps take turns
   std::unique_ptr<step_thread> background_;
   std::function<void()> notify_;
+  std::function<void()> send_before_computing_;
   /// Messages whose handling calls the engine (an import, a stream write), taken while a
   /// background step ran; replayed in order by finish_step.
   std::vector<std::pair<msg::envelope, std::variant<msg::kv_moved, msg::kv_chunk>>> deferred_;

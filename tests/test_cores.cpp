@@ -1953,6 +1953,26 @@ TEST_CASE("with send_first the first token leaves, with its logprobs, when the s
   CHECK(only_finish(rest, 1).completion_tokens == 5);
 }
 
+TEST_CASE("with send_first on the caller's thread the first token is handed over for sending before the engine computes") {
+  decode_fixture d;
+  const auto prompt = prompt_of(40, 3);
+  std::vector<outgoing> sent_before;
+  std::size_t decodes_then = 99;
+  d.core.send_before_computing([&] {
+    sent_before = d.core.out().take();
+    decodes_then = d.engine.decode_batches.size();
+  });
+  d.core.on_adopt(from(router_addr), adoption_sending_first(d, 1, prompt, 3), d.now);
+  (void)d.core.out().take();
+  (void)d.moved(1);
+  REQUIRE(d.core.begin_step(d.now).has_value());
+  CHECK(decodes_then == 0);  // the engine had not run yet
+  CHECK(stream_of(sent_before, 101).second == std::vector<uint32_t>{0});
+  CHECK(d.engine.decode_batches.size() == 1);
+  d.core.finish_step(d.now);
+  CHECK(stream_of(d.core.out().take(), 101).second == std::vector<uint32_t>{1});
+}
+
 TEST_CASE("with send_first a sequence that ends before its first step sends its first token, then the finish") {
   decode_fixture d;
   const auto prompt = prompt_of(40, 3);
