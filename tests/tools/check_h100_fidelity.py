@@ -25,7 +25,8 @@ cal = root / "config/calibration-duet"
 
 
 def runs(*folders, reps=False):
-    found = sorted(p.with_suffix("") for f in folders for p in (data / f).glob("*.toml"))
+    """The runs of these folders that ran (a deployment without its .json is a prediction)."""
+    found = sorted(p.with_suffix("") for f in folders for p in (data / f).glob("*.toml") if p.with_suffix(".json").exists())
     return [str(r) for r in found if reps or not r.name.endswith("-rep")]
 
 
