@@ -1241,27 +1241,43 @@ TEST_CASE(
   CHECK(*old.records[1].ttft_s() == Approx(b_ttft(false)).epsilon(1e-7));
 }
 
+namespace {
+/// 1P1D on H200s with free transfers: A (1,000 tokens) decodes alone, and B's prompt (500
+/// tokens, arriving at tb) ends its prefill halfway through A's 5th decode step.
+struct handover_mid_step {
+  static double ns(double s) { return std::floor(s * 1e9) / 1e9; }  // the sim's whole ns
+  deployment_config config = [] {
+    auto c = default_config();
+    c.engine.gpu = "h200";
+    return c;
+  }();
+  sim_deployment d = [] {
+    auto one = one_p_one_d("h200");  // prefill on one GPU, decode on the other
+    one.link = link_kind::same_gpu;  // no transfer time
+    return one;
+  }();
+  cost_model costs{*find_model_shape(config.model.preset), *find_gpu_spec("h200")};
+  double h = 50e-6;  // one hop
+  double pb = ns(costs.prefill_seconds(500, costs.chunk_attention_flops(500, 0)));
+  double tb = [this] {
+    const double pa = ns(costs.prefill_seconds(1000, costs.chunk_attention_flops(1000, 0)));
+    double end4 = 2 * h + pa + 6 * h;  // A's first decode step starts
+    for (int k = 1; k <= 4; ++k) end4 += ns(costs.decode_seconds(1, 1000 + k));
+    return end4 + ns(costs.decode_seconds(1, 1005)) / 2 - pb - 2 * h;
+  }();
+};
+}  // namespace
+
 TEST_CASE(
     "a worker whose engine computes in its actor's step (DUET_DECODE_THREAD=0, "
     "DUET_PREFILL_THREAD=0) reads its messages only when the step returns: a sequence adopted "
     "during a decode step joins the batch two steps later, and a prompt that arrives during a "
     "prefill step waits in the mailbox; on step threads (the default) neither waits") {
-  auto config = default_config();
-  config.engine.gpu = "h200";
-  auto d = one_p_one_d("h200");  // prefill on one GPU, decode on the other
-  d.link = link_kind::same_gpu;   // no transfer time
-  const auto shape = *find_model_shape(config.model.preset);
-  const cost_model costs(shape, *find_gpu_spec("h200"));
-  const double h = 50e-6;
-  auto ns = [](double s) { return std::floor(s * 1e9) / 1e9; };
-  const double pa = ns(costs.prefill_seconds(1000, costs.chunk_attention_flops(1000, 0)));
-  const double pb = ns(costs.prefill_seconds(500, costs.chunk_attention_flops(500, 0)));
-  // A (1,000 tokens) decodes alone; B's prompt (500) ends its prefill halfway through A's 5th
-  // decode step; C arrives halfway through B's prefill step.
-  const double d1 = 2 * h + pa + 6 * h;
-  double end4 = d1;
-  for (int k = 1; k <= 4; ++k) end4 += ns(costs.decode_seconds(1, 1000 + k));
-  const double tb = end4 + ns(costs.decode_seconds(1, 1005)) / 2 - pb - 2 * h;
+  const handover_mid_step m;
+  auto config = m.config;
+  const auto& d = m.d;
+  const double h = m.h, pb = m.pb, tb = m.tb;
+  // C arrives halfway through B's prefill step.
   const double tc = tb + 2 * h + pb / 2 - 2 * h;
   const std::vector<trace_request> trace = {request_at(0, 1000, 20), request_at(tb, 500, 3),
                                             request_at(tc, 300, 2)};
@@ -1314,22 +1330,12 @@ TEST_CASE(
 TEST_CASE(
     "with router.first_token = \"decode\" a request's first token leaves when its first decode "
     "step starts: its second token comes exactly as before, its first one step before it") {
-  auto config = default_config();
-  config.engine.gpu = "h200";
-  auto d = one_p_one_d("h200");
-  d.link = link_kind::same_gpu;
-  const auto shape = *find_model_shape(config.model.preset);
-  const cost_model costs(shape, *find_gpu_spec("h200"));
-  const double h = 50e-6;
-  auto ns = [](double s) { return std::floor(s * 1e9) / 1e9; };
-  const double pa = ns(costs.prefill_seconds(1000, costs.chunk_attention_flops(1000, 0)));
-  const double pb = ns(costs.prefill_seconds(500, costs.chunk_attention_flops(500, 0)));
-  // As above: A decodes alone; B's prefill ends halfway through A's 5th decode step.
-  const double d1 = 2 * h + pa + 6 * h;
-  double end4 = d1;
-  for (int k = 1; k <= 4; ++k) end4 += ns(costs.decode_seconds(1, 1000 + k));
-  const double tb = end4 + ns(costs.decode_seconds(1, 1005)) / 2 - pb - 2 * h;
-  const std::vector<trace_request> trace = {request_at(0, 1000, 20), request_at(tb, 500, 3)};
+  const handover_mid_step m;
+  auto config = m.config;
+  const auto& d = m.d;
+  const auto ns = handover_mid_step::ns;
+  const cost_model& costs = m.costs;
+  const std::vector<trace_request> trace = {request_at(0, 1000, 20), request_at(m.tb, 500, 3)};
   for (const std::string kind : {"sim", "cuda"}) {
     CAPTURE(kind);
     config.engine.kind = kind;
