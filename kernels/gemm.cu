@@ -1,5 +1,6 @@
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -139,8 +140,13 @@ struct plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
-  std::vector<cublasLtMatmulAlgo_t> candidates;  // untimed yet when non-empty
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // the algorithms tuning times (or timed)
+  bool tuned = false;
 };
+
+// Rows up to which a GEMM reads its weight once per call from HBM, as decode does: each layer's
+// weights are evicted from L2 by the other layers' before the next step comes back to them.
+constexpr uint32_t weight_streaming_max_rows = 256;
 
 bool skinny_from_env() {
   const char* v = std::getenv("DUET_GEMM_SKINNY");
@@ -168,9 +174,48 @@ std::string describe(const cublasLtMatmulAlgo_t& algo) {
          std::to_string(stages) + " split-k " + std::to_string(splits);
 }
 
-bool tune_enabled() {
+// DUET_GEMM_TUNE: "0" keeps the heuristic's first choice; "hot" times the heuristic's candidates
+// three times back to back on one weight (duet's rule before 2026-12-06); anything else (the
+// default) times GEMMs of up to weight_streaming_max_rows rows with their weight evicted from L2
+// before each run, over the heuristic's candidates and split-k variants of them ("cold-heuristic":
+// the same without the split-k variants).
+enum class tune_mode : uint8_t { off, hot, cold };
+
+tune_mode tune_mode_from_env() {
   const char* v = std::getenv("DUET_GEMM_TUNE");
-  return !(v && std::strcmp(v, "0") == 0);
+  if (v && std::strcmp(v, "0") == 0) return tune_mode::off;
+  if (v && std::strcmp(v, "hot") == 0) return tune_mode::hot;
+  return tune_mode::cold;
+}
+
+bool splitk_variants_enabled() {
+  const char* v = std::getenv("DUET_GEMM_TUNE");
+  return !(v && std::strcmp(v, "cold-heuristic") == 0);
+}
+
+tune_mode tuning() {
+  static const tune_mode mode = tune_mode_from_env();
+  return mode;
+}
+
+// Shapes worth timing: decode buckets (8, 16, then multiples of 32) and full prefill passes
+// (multiples of 64). Other shapes keep the heuristic's first choice, since a chunk's odd tail
+// would otherwise pay for a tuning pass of its own in the middle of serving.
+bool worth_tuning(uint32_t m) {
+  if (m % 64 == 0) return true;
+  return tuning() == tune_mode::cold && m <= weight_streaming_max_rows &&
+         (m == 8 || m == 16 || m % 32 == 0);
+}
+
+// Reads a buffer twice L2's size so that whatever it held before (a weight just timed) is gone.
+__global__ void l2_evict_kernel(const uint4* __restrict__ buf, uint64_t n, uint32_t* sink) {
+  uint32_t acc = 0;
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < n;
+       i += uint64_t{gridDim.x} * blockDim.x) {
+    const uint4 v = buf[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;  // keeps the loads; the value is never read
 }
 
 }  // namespace
@@ -190,6 +235,20 @@ struct gemm_runner::impl {
     }
     if (workspace) cudaFree(workspace);
     if (handle) cublasLtDestroy(handle);
+  }
+
+  kstatus plan_for(const gemm_params& p, plan*& out) {
+    DUET_KREQUIRE(handle, "gemm: runner not initialised");
+    const plan_key key{p.m, p.n, p.k, p.ldx, p.ldy, p.y_fp32, p.bias != nullptr};
+    auto it = plans.find(key);
+    if (it == plans.end()) {
+      plan pl;
+      const kstatus made = make_plan(p, pl);
+      if (!made.ok()) return made;
+      it = plans.emplace(key, pl).first;
+    }
+    out = &it->second;
+    return {};
   }
 
   // Column-major view: D^T [n, m] = op(W as col-major [k, n])^T . X^T (col-major [k, m]).
@@ -232,12 +291,39 @@ struct gemm_runner::impl {
       return kstatus{cudaErrorNotSupported, "cuBLASLt has no algorithm for this GEMM", __FILE__,
                      __LINE__};
     pl.algo = results[0].algo;
-    // Timing the candidates pays for shapes that recur: decode buckets and full prefill passes
-    // (m a multiple of 64); other shapes keep the heuristic's first choice.
-    if (found > 1 && tune_enabled() && p.m % 64 == 0) {
-      for (int i = 0; i < found; ++i) pl.candidates.push_back(results[i].algo);
-    }
+    for (int i = 0; i < found; ++i) pl.candidates.push_back(results[i].algo);
+    if (tuning() == tune_mode::cold && p.m <= weight_streaming_max_rows &&
+        splitk_variants_enabled())
+      add_splitk_variants(pl);
+    pl.tuned = pl.candidates.size() < 2 || tuning() == tune_mode::off || !worth_tuning(p.m);
     return {};
+  }
+
+  // A narrow weight (n = 4,096 over 128-wide tiles is 32 CTAs on 132 SMs) streams from HBM
+  // faster split along k; the heuristic offers few such splits, so each candidate is also tried
+  // with 2 to 8 splits, the partial sums added in fp32 (the compute type) in the workspace.
+  void add_splitk_variants(plan& pl) {
+    const std::size_t heuristic = pl.candidates.size();
+    for (std::size_t i = 0; i < heuristic; ++i) {
+      for (const uint32_t splits : {2u, 3u, 4u, 6u, 8u}) {
+        cublasLtMatmulAlgo_t v = pl.candidates[i];
+        const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        if (cublasLtMatmulAlgoConfigSetAttribute(&v, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                                 sizeof splits) != CUBLAS_STATUS_SUCCESS ||
+            cublasLtMatmulAlgoConfigSetAttribute(&v, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                                 &scheme, sizeof scheme) != CUBLAS_STATUS_SUCCESS)
+          continue;
+        cublasLtMatmulHeuristicResult_t check{};
+        if (cublasLtMatmulAlgoCheck(handle, pl.desc, pl.a, pl.b, pl.d, pl.d, &v, &check) !=
+                CUBLAS_STATUS_SUCCESS ||
+            check.state != CUBLAS_STATUS_SUCCESS || check.workspaceSize > workspace_bytes)
+          continue;
+        const bool seen = std::any_of(pl.candidates.begin(), pl.candidates.end(), [&](auto& c) {
+          return std::memcmp(&c, &v, sizeof v) == 0;
+        });
+        if (!seen) pl.candidates.push_back(v);
+      }
+    }
   }
 
   kstatus matmul(const gemm_params& p, const plan& pl, const cublasLtMatmulAlgo_t& algo,
@@ -252,42 +338,73 @@ struct gemm_runner::impl {
     return {};
   }
 
-  // Times every candidate algorithm (3 runs each, after one warm-up) and keeps the fastest.
+  // Keeps the fastest candidate. A decode-sized GEMM (cold tuning) is timed over 5 runs, each
+  // after L2 is refilled with other data, as it runs in a step; a larger one over 3 runs back to
+  // back, which is how a prefill pass runs them. Each candidate runs once untimed first.
   kstatus tune(const gemm_params& p, plan& pl, cudaStream_t stream) {
-    cudaEvent_t start, stop;
-    DUET_KCHECK(cudaEventCreate(&start));
-    DUET_KCHECK(cudaEventCreate(&stop));
+    void* evict = nullptr;
+    uint64_t evict_bytes = 0;
+    if (tuning() == tune_mode::cold && p.m <= weight_streaming_max_rows) {
+      int device = 0, l2 = 0;
+      DUET_KCHECK(cudaGetDevice(&device));
+      DUET_KCHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+      evict_bytes = 2 * static_cast<uint64_t>(l2);
+      // Stream-ordered, so that tuning during serving stalls no other stream on the device.
+      if (cudaMallocAsync(&evict, evict_bytes, stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        evict = nullptr;
+        if (log_enabled())
+          std::fprintf(stderr, "gemm tune m=%u: no memory to evict L2, timing back to back\n",
+                       p.m);
+      }
+    }
+    const int runs = evict ? 5 : 3;
+    cudaEvent_t marks[2 * 5];
+    for (cudaEvent_t& e : marks) DUET_KCHECK(cudaEventCreate(&e));
     float best = 1e30f, first = 0;
     int best_index = -1;
     cublasLtMatmulAlgo_t best_algo = pl.algo;
     for (std::size_t i = 0; i < pl.candidates.size(); ++i) {
       const cublasLtMatmulAlgo_t& algo = pl.candidates[i];
       if (!matmul(p, pl, algo, stream).ok()) continue;
-      cudaEventRecord(start, stream);
       bool ok = true;
-      for (int r = 0; r < 3 && ok; ++r) ok = matmul(p, pl, algo, stream).ok();
-      cudaEventRecord(stop, stream);
-      if (cudaEventSynchronize(stop) != cudaSuccess) break;
+      for (int r = 0; r < runs && ok; ++r) {
+        if (evict) {
+          l2_evict_kernel<<<512, 256, 0, stream>>>(static_cast<const uint4*>(evict),
+                                                   evict_bytes / 16, static_cast<uint32_t*>(evict));
+        }
+        // Back to back, one pair of marks spans all runs.
+        if (evict || r == 0) cudaEventRecord(marks[evict ? 2 * r : 0], stream);
+        ok = matmul(p, pl, algo, stream).ok();
+        if (evict || r == runs - 1) cudaEventRecord(marks[evict ? 2 * r + 1 : 1], stream);
+      }
+      if (!ok) continue;
+      if (cudaEventSynchronize(marks[evict ? 2 * runs - 1 : 1]) != cudaSuccess) break;
       float ms = 0;
-      cudaEventElapsedTime(&ms, start, stop);
-      if (i == 0) first = ms / 3;
-      if (ok && ms < best) {
+      for (int r = 0; r < (evict ? runs : 1); ++r) {
+        float one = 0;
+        cudaEventElapsedTime(&one, marks[2 * r], marks[2 * r + 1]);
+        ms += one;
+      }
+      ms /= static_cast<float>(runs);
+      if (i == 0) first = ms;
+      if (ms < best) {
         best = ms;
         best_algo = algo;
         best_index = static_cast<int>(i);
       }
     }
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
+    for (cudaEvent_t& e : marks) cudaEventDestroy(e);
+    if (evict) cudaFreeAsync(evict, stream);
     if (log_enabled()) {
       std::fprintf(stderr,
-                   "gemm tune m=%u n=%u k=%u: %zu candidates, heuristic's first %.3f ms, kept #%d "
-                   "%.3f ms (%s)\n",
-                   p.m, p.n, p.k, pl.candidates.size(), first, best_index, best / 3,
-                   describe(best_algo).c_str());
+                   "gemm tune m=%u n=%u k=%u: %zu candidates, %s, heuristic's first %.3f ms, kept "
+                   "#%d %.3f ms (%s)\n",
+                   p.m, p.n, p.k, pl.candidates.size(), evict ? "L2 evicted" : "back to back",
+                   first, best_index, best, describe(best_algo).c_str());
     }
     pl.algo = best_algo;
-    pl.candidates.clear();
+    pl.tuned = true;
     DUET_KCHECK(cudaGetLastError());
     return {};
   }
@@ -306,6 +423,23 @@ kstatus gemm_runner::init(uint64_t workspace_bytes) {
   DUET_KCHECK(cudaMalloc(&impl_->workspace, workspace_bytes));
   impl_->workspace_bytes = workspace_bytes;
   return {};
+}
+
+kstatus gemm_runner::candidates(const gemm_params& p, std::size_t& count) {
+  plan* pl = nullptr;
+  DUET_KREQUIRE(!p.x_swiglu, "gemm: cuBLASLt takes no SwiGLU input");
+  const kstatus got = impl_->plan_for(p, pl);
+  if (!got.ok()) return got;
+  count = pl->candidates.size();
+  return {};
+}
+
+kstatus gemm_runner::run_candidate(const gemm_params& p, std::size_t index, cudaStream_t stream) {
+  plan* pl = nullptr;
+  const kstatus got = impl_->plan_for(p, pl);
+  if (!got.ok()) return got;
+  DUET_KREQUIRE(index < pl->candidates.size(), "gemm: no such candidate");
+  return impl_->matmul(p, *pl, pl->candidates[index], stream);
 }
 
 kstatus gemm_runner::run(const gemm_params& p, cudaStream_t stream, gemm_path path) {
@@ -341,23 +475,18 @@ kstatus gemm_runner::run(const gemm_params& p, cudaStream_t stream, gemm_path pa
   }
   DUET_KREQUIRE(!p.x_swiglu, "gemm: cuBLASLt takes no SwiGLU input; run silu_mul first");
   DUET_KREQUIRE(impl_->handle, "gemm: runner not initialised");
-  const plan_key key{p.m, p.n, p.k, p.ldx, p.ldy, p.y_fp32, p.bias != nullptr};
-  auto it = impl_->plans.find(key);
-  if (it == impl_->plans.end()) {
-    plan pl;
-    const kstatus made = impl_->make_plan(p, pl);
-    if (!made.ok()) return made;
-    it = impl_->plans.emplace(key, pl).first;
-  }
-  if (!it->second.candidates.empty()) {
+  plan* pl = nullptr;
+  const kstatus got = impl_->plan_for(p, pl);
+  if (!got.ok()) return got;
+  if (!pl->tuned) {
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     DUET_KCHECK(cudaStreamIsCapturing(stream, &capturing));
     if (capturing == cudaStreamCaptureStatusNone) {
-      const kstatus tuned = impl_->tune(p, it->second, stream);
+      const kstatus tuned = impl_->tune(p, *pl, stream);
       if (!tuned.ok()) return tuned;
     }
   }
-  return impl_->matmul(p, it->second, it->second.algo, stream);
+  return impl_->matmul(p, *pl, pl->algo, stream);
 }
 
 }  // namespace duet::kernels

@@ -1,11 +1,13 @@
 #pragma once
 // y = x . w^T (+ bias): bf16 operands, fp32 accumulation, bf16 or fp32 output. Weights are
 // row-major [n, k] as Hugging Face stores them. Large m goes through cuBLASLt (algorithm picked
-// per shape; for m a multiple of 64 the candidates are timed on first use outside graph
-// capture); m <= gemm_skinny_max_rows can use a bandwidth-bound kernel of our own (picked for m =
+// per shape; for decode buckets and m a multiple of 64 the candidates are timed on first use
+// outside graph capture, those of up to 256 rows with their weight out of L2, as in a decode
+// step); m <= gemm_skinny_max_rows can use a bandwidth-bound kernel of our own (picked for m =
 // 1), which may also apply SwiGLU to its input on the fly (x = silu_mul(gate_up), silu_mul.cuh).
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 
@@ -52,6 +54,10 @@ class gemm_runner {
   /// automatic: skinny for m = 1 (unless disabled) or whenever x_swiglu, cuBLASLt otherwise;
   /// skinny takes m <= gemm_skinny_max_rows when asked for.
   kstatus run(const gemm_params& p, cudaStream_t stream, gemm_path path = gemm_path::automatic);
+  /// The cuBLASLt algorithms tuning chooses among for this shape (the heuristic's, and for up to
+  /// 256 rows their split-k variants): each must compute the same GEMM, which the tests check.
+  [[nodiscard]] kstatus candidates(const gemm_params& p, std::size_t& count);
+  kstatus run_candidate(const gemm_params& p, std::size_t index, cudaStream_t stream);
 
  private:
   struct impl;

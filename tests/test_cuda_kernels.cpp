@@ -272,6 +272,44 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("gemm: every cuBLASLt algorithm the tuner may keep, split-k variants included, is right") {
+  DUET_REQUIRE_GPU();
+  std::mt19937 rng(7);
+  gemm_runner runner;
+  ok(runner.init());
+  struct shape {
+    uint32_t m, n, k;
+    bool bias;
+  };
+  std::vector<shape> shapes = {
+      {64, 4096, 14336, false}, {8, 6144, 4096, false}, {96, 1003, 1024, true}, {256, 4096, 4096, false}};
+  if (small_sweep()) shapes.resize(2);
+  for (const shape& s : shapes) {
+    const auto x = random_bf16(uint64_t{s.m} * s.k, rng, 1.0f);
+    const auto w = random_bf16(uint64_t{s.n} * s.k, rng, 0.05f);
+    const auto bias = random_bf16(s.n, rng, 0.5f);
+    dbuf<uint16_t> dx(x), dw(w), db(bias), dy(uint64_t{s.m} * s.n);
+    gemm_params g{dx.get(), s.k, dw.get(), s.bias ? db.get() : nullptr, dy.get(), s.n, s.m, s.n, s.k};
+    std::vector<uint16_t> ref(uint64_t{s.m} * s.n);
+    gemm_params r = g;
+    r.x = x.data();
+    r.w = w.data();
+    r.bias = s.bias ? bias.data() : nullptr;
+    r.y = ref.data();
+    gemm_reference(r);
+    std::size_t count = 0;
+    ok(runner.candidates(g, count));
+    INFO("m " << s.m << " n " << s.n << " k " << s.k << ": " << count << " candidates");
+    CHECK(count >= 1);
+    for (std::size_t i = 0; i < count; ++i) {
+      dy.poison();
+      ok(runner.run_candidate(g, i, nullptr));
+      check(cudaDeviceSynchronize(), "sync");
+      expect(compare_bf16(dy.download(), ref), 1e-2, "candidate " + std::to_string(i));
+    }
+  }
+}
+
 TEST_CASE(
     "the skinny gemm that loads its weights before the PDL wait reads the input the kernel "
     "before it wrote on the stream") {
