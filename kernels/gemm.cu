@@ -198,13 +198,14 @@ tune_mode tuning() {
   return mode;
 }
 
-// Shapes worth timing: decode buckets (8, 16, then multiples of 32) and full prefill passes
-// (multiples of 64). Other shapes keep the heuristic's first choice, since a chunk's odd tail
-// would otherwise pay for a tuning pass of its own in the middle of serving.
+// Shapes worth timing: decode buckets (powers of two up to 32, then multiples of 32;
+// runtime/decode_buckets.hpp) and full prefill passes (multiples of 64). Other shapes keep the
+// heuristic's first choice, since a chunk's odd tail would otherwise pay for a tuning pass of its
+// own in the middle of serving.
 bool worth_tuning(uint32_t m) {
   if (m % 64 == 0) return true;
   return tuning() == tune_mode::cold && m <= weight_streaming_max_rows &&
-         (m == 8 || m == 16 || m % 32 == 0);
+         ((m & (m - 1)) == 0 || m % 32 == 0);
 }
 
 // Reads a buffer twice L2's size so that whatever it held before (a weight just timed) is gone.
