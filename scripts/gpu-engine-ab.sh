@@ -97,7 +97,7 @@ if phase == "decode":
     print("| cuBLASLt TB/s over the weight | " + " | ".join(configs) + " |")
     print("| --- |" + " --- |" * len(configs))
     for key in sorted(rates, key=lambda k: (int(re.search(r"M(\d+)", k).group(1)), k)):
-        print(f"| {key[5:-13]} | " + " | ".join(", ".join(f"{x:.2f}" for x in rates[key].get(v, [])) for v in configs) + " |")
+        print(f"| {key[5:-14]} | " + " | ".join(", ".join(f"{x:.2f}" for x in rates[key].get(v, [])) for v in configs) + " |")
     sys.exit(0)
 kernels = json.load(open(os.path.join(out, "kernels.json"))).get("kernels", {}) if os.path.exists(os.path.join(out, "kernels.json")) else {}
 print("| kernel, one layer | " + " | ".join(f"v{v}" for v in range(7)) + " |")
