@@ -1,6 +1,5 @@
 #include <cublasLt.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -177,8 +176,8 @@ std::string describe(const cublasLtMatmulAlgo_t& algo) {
 // DUET_GEMM_TUNE: "0" keeps the heuristic's first choice; "hot" times the heuristic's candidates
 // three times back to back on one weight (duet's rule before 2026-12-06); anything else (the
 // default) times GEMMs of up to weight_streaming_max_rows rows with their weight evicted from L2
-// before each run, over the heuristic's candidates and split-k variants of them ("cold-heuristic":
-// the same without the split-k variants).
+// before each run, as a decode step reads it. (Split-k variants of the heuristic's candidates,
+// timed this way on an H100 on 2026-12-06, won nothing: docs/cuda-engine.md.)
 enum class tune_mode : uint8_t { off, hot, cold };
 
 tune_mode tune_mode_from_env() {
@@ -186,11 +185,6 @@ tune_mode tune_mode_from_env() {
   if (v && std::strcmp(v, "0") == 0) return tune_mode::off;
   if (v && std::strcmp(v, "hot") == 0) return tune_mode::hot;
   return tune_mode::cold;
-}
-
-bool splitk_variants_enabled() {
-  const char* v = std::getenv("DUET_GEMM_TUNE");
-  return !(v && std::strcmp(v, "cold-heuristic") == 0);
 }
 
 tune_mode tuning() {
@@ -293,38 +287,8 @@ struct gemm_runner::impl {
                      __LINE__};
     pl.algo = results[0].algo;
     for (int i = 0; i < found; ++i) pl.candidates.push_back(results[i].algo);
-    if (tuning() == tune_mode::cold && p.m <= weight_streaming_max_rows &&
-        splitk_variants_enabled())
-      add_splitk_variants(pl);
     pl.tuned = pl.candidates.size() < 2 || tuning() == tune_mode::off || !worth_tuning(p.m);
     return {};
-  }
-
-  // A narrow weight (n = 4,096 over 128-wide tiles is 32 CTAs on 132 SMs) streams from HBM
-  // faster split along k; the heuristic offers few such splits, so each candidate is also tried
-  // with 2 to 8 splits, the partial sums added in fp32 (the compute type) in the workspace.
-  void add_splitk_variants(plan& pl) {
-    const std::size_t heuristic = pl.candidates.size();
-    for (std::size_t i = 0; i < heuristic; ++i) {
-      for (const uint32_t splits : {2u, 3u, 4u, 6u, 8u}) {
-        cublasLtMatmulAlgo_t v = pl.candidates[i];
-        const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-        if (cublasLtMatmulAlgoConfigSetAttribute(&v, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
-                                                 sizeof splits) != CUBLAS_STATUS_SUCCESS ||
-            cublasLtMatmulAlgoConfigSetAttribute(&v, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
-                                                 &scheme, sizeof scheme) != CUBLAS_STATUS_SUCCESS)
-          continue;
-        cublasLtMatmulHeuristicResult_t check{};
-        if (cublasLtMatmulAlgoCheck(handle, pl.desc, pl.a, pl.b, pl.d, pl.d, &v, &check) !=
-                CUBLAS_STATUS_SUCCESS ||
-            check.state != CUBLAS_STATUS_SUCCESS || check.workspaceSize > workspace_bytes)
-          continue;
-        const bool seen = std::any_of(pl.candidates.begin(), pl.candidates.end(), [&](auto& c) {
-          return std::memcmp(&c, &v, sizeof v) == 0;
-        });
-        if (!seen) pl.candidates.push_back(v);
-      }
-    }
   }
 
   kstatus matmul(const gemm_params& p, const plan& pl, const cublasLtMatmulAlgo_t& algo,

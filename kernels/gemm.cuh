@@ -54,8 +54,8 @@ class gemm_runner {
   /// automatic: skinny for m = 1 (unless disabled) or whenever x_swiglu, cuBLASLt otherwise;
   /// skinny takes m <= gemm_skinny_max_rows when asked for.
   kstatus run(const gemm_params& p, cudaStream_t stream, gemm_path path = gemm_path::automatic);
-  /// The cuBLASLt algorithms tuning chooses among for this shape (the heuristic's, and for up to
-  /// 256 rows their split-k variants): each must compute the same GEMM, which the tests check.
+  /// The cuBLASLt algorithms tuning chooses among for this shape (the heuristic's): each must
+  /// compute the same GEMM, which the tests check.
   [[nodiscard]] kstatus candidates(const gemm_params& p, std::size_t& count);
   kstatus run_candidate(const gemm_params& p, std::size_t index, cudaStream_t stream);
 
