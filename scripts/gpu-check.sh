@@ -58,10 +58,14 @@ if has kernels; then
 fi
 if has sanitize && fits sanitize 200; then
   stage "compute-sanitizer (small sweeps)"
+  # Racecheck reports WAR hazards inside one of cuBLASLt's own split-k kernels, which the test
+  # of every candidate algorithm runs (docs/cuda-engine.md, "Decode: cuBLASLt tuned with its
+  # weights out of L2"); racecheck is for our kernels, memcheck still runs that test.
+  RACECHECK_EXCLUDE='*every cuBLASLt algorithm*'
   export DUET_CUDA_TEST_SMALL=1
   run memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 "$BUILD/tests/test_cuda_kernels"
   run racecheck 300 compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 9 --print-limit 20 \
-    "$BUILD/tests/test_cuda_kernels" -tc='*attention*,*sample*,*rmsnorm*,*gemm*'
+    "$BUILD/tests/test_cuda_kernels" -tc='*attention*,*sample*,*rmsnorm*,*gemm*' -tce="$RACECHECK_EXCLUDE"
   unset DUET_CUDA_TEST_SMALL
 fi
 if has engine; then
