@@ -124,4 +124,13 @@ expect(f"twenty-eight distinct H100 runs are stored (got {len(every_h100_now)})"
 scores_now = {c: score(c, every_h100_now)[:2] for c in ("h100-cuda-engine-2026-12-05e.toml", "h100-cuda-engine-2026-12-05h.toml")}
 expect(f"over them 12-05e misses 21 of 112 (19 outside the band) and 12-05h 18 (16) (got {scores_now})",
        list(scores_now.values()) == [(21, 19), (18, 16)])
+# The conversation x3 pair (docs/data/h100-serve-2026-12-06), predicted with 12-05h before the
+# call: every figure within 15 % (TTFT P50 -12 and -11 %), and the first token's source moves the
+# second token, not the inter-token tail.
+conv = runs("h100-serve-2026-12-06")
+over_v, _, detail_v = score("h100-cuda-engine-2026-12-05h.toml", conv)
+expect(f"12-05h prices both conversation x3 first-token runs within 15 % (got {over_v} misses of {4 * len(conv)})",
+       len(conv) == 2 and over_v == 0)
+expect("their TTFT P50 is priced 11-12 % short",
+       sorted(d["ttft p50"] for d in detail_v.values()) == [-12, -11])
 finish()
