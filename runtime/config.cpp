@@ -834,8 +834,9 @@ class validator {
     }
     const uint32_t block = config_.model.block_tokens;
     std::unordered_map<std::string, std::string> names;
-    std::unordered_map<int, double> share_sum;  // device -> sum of prefill/decode sm_share
-    std::unordered_map<int, bool> share_split;  // device -> some share below 1
+    // device -> sum of the prefill/decode shares below 1: those are disjoint SM partitions. An
+    // actor at 1 beside them runs on the whole GPU, their SMs included (docs/config.md).
+    std::unordered_map<int, double> share_sum;
     for (size_t j = 0; j < node.actors.size(); ++j) {
       const auto& a = node.actors[j];
       std::string path = index_path(actors_path, j);
@@ -877,14 +878,14 @@ class validator {
                                           std::to_string(block) + ") and at least it (got " +
                                           std::to_string(a.chunk_tokens) + ")");
       }
-      if (share_valid && (a.role == actor_role::prefill || a.role == actor_role::decode)) {
+      if (share_valid && a.sm_share < 1.0 &&
+          (a.role == actor_role::prefill || a.role == actor_role::decode)) {
         share_sum[a.device] += a.sm_share;
-        if (a.sm_share < 1.0) share_split[a.device] = true;
-        if (share_split[a.device] && share_sum[a.device] > 1.0 + 1e-9) {
+        if (share_sum[a.device] > 1.0 + 1e-9) {
           error(path + ".sm_share",
                 "prefill and decode actors on device " + std::to_string(a.device) + " of node '" +
-                    node.name + "' have sm_share summing to " + format_number(share_sum[a.device]) +
-                    "; split SMs must sum to at most 1");
+                    node.name + "' have sm_share below 1 summing to " +
+                    format_number(share_sum[a.device]) + "; split SMs must sum to at most 1");
         }
       }
     }

@@ -116,6 +116,11 @@ struct gpu_calibration {
   efficiency_curve concurrent_prefill_yield_scale;
   efficiency_curve concurrent_decode_delay_scale;
   efficiency_curve concurrent_decode_slowdown_scale;
+  // x: the fraction of the GPU's SMs no partition holds, when a decode engine on the whole GPU
+  // (sm_share 1, own stream) runs beside a prefill engine on a partition (sm_share < 1): factor
+  // on the delay above. Those SMs are decode's alone, so its kernels start there without
+  // waiting for a prefill block to retire (empty: 1, as on streams; docs/sim.md).
+  efficiency_curve reserve_decode_delay_scale;
   // Engines of one GPU on one shared stream (stream = "shared", event_sim's step_policy::
   // stream): a prefill step holds the stream this much longer than its modelled work. Fitted
   // to the prefill step time (prefill.hop_step) the colocated serving runs measured; what

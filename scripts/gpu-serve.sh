@@ -15,6 +15,8 @@
 #   one       per trace: colocated (prefill and decode engines on one shared stream), PD on
 #             separate streams (decode at high priority), PD with the SMs split by green contexts
 #             at 50/50 and 70/30; two deployments at a time, one per GPU when two are visible
+#             (other KINDs for the matrix: green:F for prefill F and decode 1-F, reserve:F for
+#             prefill on F of the SMs and decode on the whole GPU, the rest its own)
 #   handover  bench_kv_handover --gpus 0,1: KV bytes between the two GPUs (IPC, NCCL, peer floor)
 #   high      heavier load: conversation x5 (colocated, PD streams, PD 50/50), code x1
 #             (colocated, PD streams, PD 70/30), two at a time
@@ -160,6 +162,7 @@ deploy() {  # deploy FILE SLOT KIND[+bN][+cN][+fd]: the deployment TOML of one r
     streams) ;;
     green:*) local f=${kind#green:}
              pre="sm_share = $f"; dec="sm_share = $(python3 -c "print(round(1 - $f, 3))")" ;;
+    reserve:*) pre="sm_share = ${kind#reserve:}" ;;  # decode on the whole GPU, the rest its own
     1p1d) ddev=1; dnode=$(printf '\n[[nodes]]\nname = "d%s"\nendpoint = "ipc:///tmp/duet-serve-d%s.sock"\n' "$slot" "$slot") ;;
     *) echo "unknown deployment $kind"; return 1 ;;
   esac

@@ -403,11 +403,13 @@ class event_sim {
       units_.back()->spec = w;
     }
     for (const auto& [gpu, share] : split_share) {
-      if (full_workers[gpu] > 0 || share > 1.0 + 1e-9) {
+      if (share > 1.0 + 1e-9) {
         throw std::invalid_argument(
             "GPU " + std::to_string(gpu) +
-            " is split by SM share: its workers' shares must sum to at most 1");
+            " is split by SM share: its workers' shares below 1 must sum to at most 1");
       }
+      // Workers at share 1 beside the split run on the whole GPU, the partitions' SMs included.
+      if (full_workers[gpu] > 0) reserved_[gpu] = std::max(0.0, 1.0 - share);
     }
     std::map<uint32_t, uint32_t> full_timeline;  // gpu -> timeline of its full-share workers
     std::map<std::pair<uint32_t, double>, std::shared_ptr<sim_engine>> engines;
@@ -923,8 +925,9 @@ class event_sim {
   /// of its GPU is busy on its own stream right now: a factor and an added delay in ns (1 and 0
   /// when alone, or on a timeline of its own SMs).
   std::pair<double, int64_t> contention(const unit& u, const timeline& tl, int64_t work_ns) const {
-    if (u.spec.sm_share < 1) return {split_contention(u, tl, work_ns), 0};
-    if (!u.spec.own_stream) return {1.0, 0};
+    const bool reserve = reserved_.contains(tl.gpu);
+    if (u.spec.sm_share < 1 && !reserve) return {split_contention(u, tl, work_ns), 0};
+    if (!u.spec.own_stream && !reserve) return {1.0, 0};
     for (const auto& other : timelines_) {
       if (&other == &tl || other.gpu != tl.gpu || !other.busy) continue;
       const auto& cal = specs_[tl.gpu].calibration;
@@ -935,7 +938,8 @@ class event_sim {
                    cal.concurrent_decode_slowdown_scale.at(prefill_step_tokens(running), 1.0));
       double delay = cal.concurrent_decode_delay_s.value_or(0.0) * 1e9 *
                      chunk_delay_factor(running, tl.gpu) *
-                     cal.concurrent_decode_delay_scale.at(prefill_step_tokens(running), 1.0);
+                     cal.concurrent_decode_delay_scale.at(prefill_step_tokens(running), 1.0) *
+                     reserve_delay_scale(running, tl.gpu);
       if (cal.concurrent_decode_delay_by_overlap.value_or(false)) {
         // The step's kernels wait behind the prefill blocks only while the prefill step runs:
         // one that ends partway through this step delays it by that part of the delay.
@@ -1027,7 +1031,8 @@ class event_sim {
   /// step starting during it. Returns the prefill step's added ns.
   int64_t overlap_decode_in_flight(const unit& u, const timeline& tl) {
     const auto& cal = specs_[tl.gpu].calibration;
-    if (!u.spec.own_stream || u.spec.sm_share < 1 ||
+    const bool reserve = reserved_.contains(tl.gpu);
+    if (!(u.spec.own_stream || reserve) || (u.spec.sm_share < 1 && !reserve) ||
         !cal.concurrent_overlap_on_prefill_start.value_or(false))
       return 0;
     int64_t added = 0;
@@ -1040,11 +1045,13 @@ class event_sim {
       if (whole <= 0 || left <= 0) continue;
       const double delay = cal.concurrent_decode_delay_s.value_or(0.0) * 1e9 *
                            chunk_delay_factor(u, tl.gpu) *
-                           cal.concurrent_decode_delay_scale.at(prefill_step_tokens(u), 1.0);
+                           cal.concurrent_decode_delay_scale.at(prefill_step_tokens(u), 1.0) *
+                           reserve_delay_scale(u, tl.gpu);
       other.step_end +=
           static_cast<int64_t>(delay * static_cast<double>(left) / static_cast<double>(whole));
       push({other.step_end, event_kind::step_done, false, t, ++other.generation});
-      added += static_cast<int64_t>(decode_yield(decode, u, tl.gpu) * static_cast<double>(left));
+      added += static_cast<int64_t>(decode_yield(decode, u, tl.gpu) * partition_part(u) *
+                                    static_cast<double>(left));
     }
     return added;
   }
@@ -1076,13 +1083,15 @@ class event_sim {
   /// the GPU in flight on another stream loses a fraction of the decode step's work time,
   /// `decode_yield` of it.
   void yield_to_decode(const unit& u, const timeline& tl, int64_t decode_ns) {
-    if (!u.spec.own_stream || u.spec.sm_share < 1) return;
+    const bool reserve = reserved_.contains(tl.gpu);
+    if (!(u.spec.own_stream || reserve) || u.spec.sm_share < 1) return;
     for (uint32_t t = 0; t < timelines_.size(); ++t) {
       timeline& other = timelines_[t];
       if (&other == &tl || other.gpu != tl.gpu || !other.busy) continue;
       const unit& running = *units_[other.running];
-      if (!running.prefill || !running.spec.own_stream || running.spec.sm_share < 1) continue;
-      const double yield = decode_yield(u, running, tl.gpu);
+      if (!running.prefill || !running.spec.own_stream || (running.spec.sm_share < 1 && !reserve))
+        continue;
+      const double yield = decode_yield(u, running, tl.gpu) * partition_part(running);
       if (yield <= 0) continue;
       other.step_end += static_cast<int64_t>(yield * static_cast<double>(decode_ns));
       push({other.step_end, event_kind::step_done, false, t, ++other.generation});
@@ -1107,6 +1116,21 @@ class event_sim {
     const double a =
         costs_[gpu].decode_parts(step.batch, step.context, step.graph_rows).attention_share();
     return std::min(1.0, (rest + (*cal.concurrent_prefill_attention_yield - rest) * a) * scale);
+  }
+
+  /// A whole-GPU decode step beside a prefill step on a partition (`prefill` on a share below
+  /// 1, on a GPU where a worker at share 1 runs too): reserve_decode_delay_scale at the SMs no
+  /// partition holds. 1 otherwise.
+  [[nodiscard]] double reserve_delay_scale(const unit& prefill, uint32_t gpu) const {
+    const auto it = reserved_.find(gpu);
+    if (it == reserved_.end() || prefill.spec.sm_share >= 1) return 1.0;
+    return specs_[gpu].calibration.reserve_decode_delay_scale.at(it->second, 1.0);
+  }
+
+  /// The part of a whole-GPU decode step's work that lands on the SMs of a prefill engine
+  /// `prefill`: its share (first order: the decode kernels spread over every SM).
+  [[nodiscard]] static double partition_part(const unit& prefill) {
+    return std::min(1.0, prefill.spec.sm_share);
   }
 
   /// The tokens of the step `running` has in flight (0 when it is not a prefill step).
@@ -1301,6 +1325,9 @@ class event_sim {
   std::unique_ptr<broker_core> broker_;
   std::vector<std::unique_ptr<unit>> units_;
   std::vector<timeline> timelines_;
+  // GPU -> the fraction of its SMs no partition holds, on GPUs where workers at share 1 run
+  // beside workers on partitions (docs/sim.md, "A partition beside the whole GPU").
+  std::map<uint32_t, double> reserved_;
   std::unordered_map<std::string, uint32_t> address_to_target_;
   std::unordered_map<uint64_t, handle_info> handles_;
   std::vector<int64_t> link_free_;  // per source GPU and link kind: when its egress is free

@@ -640,11 +640,42 @@ sm_share = 0.4
 )";
   CHECK_REJECTS(split,
                 "t.toml:17:12: key 'nodes[0].actors[3].sm_share': prefill and decode "
-                "actors on device 0 of node 'n1' have sm_share summing to 1.1");
+                "actors on device 0 of node 'n1' have sm_share below 1 summing to 1.1");
   std::string other_device = split + "device = 1\n";
   CHECK_NOTHROW((void)parse_config(other_device, "t"));
   // Unsplit actors (sm_share = 1) share the whole GPU, as in colocated serving.
   CHECK_NOTHROW((void)parse_config(one_node, "t"));
+}
+
+TEST_CASE("an actor at sm_share 1 beside a split runs on the whole GPU, the split's SMs included") {
+  const std::string reserve = R"([[nodes]]
+name = "n1"
+endpoint = "inproc://n1"
+[[nodes.actors]]
+name = "router"
+role = "router"
+[[nodes.actors]]
+name = "broker"
+role = "broker"
+[[nodes.actors]]
+name = "prefill0"
+role = "prefill"
+sm_share = 0.85
+[[nodes.actors]]
+name = "decode0"
+role = "decode"
+)";
+  const auto config = parse_config(reserve, "t");
+  CHECK(config.nodes[0].actors[2].sm_share == doctest::Approx(0.85));
+  CHECK(config.nodes[0].actors[3].sm_share == 1.0);
+  // The shares below 1 still may not overlap one another.
+  CHECK_REJECTS(reserve + R"([[nodes.actors]]
+name = "prefill1"
+role = "prefill"
+sm_share = 0.25
+)",
+                "t.toml:20:12: key 'nodes[0].actors[4].sm_share': prefill and decode "
+                "actors on device 0 of node 'n1' have sm_share below 1 summing to 1.1");
 }
 
 TEST_CASE("an actor runs on its own stream unless it says the device's stream is shared") {

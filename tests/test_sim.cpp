@@ -798,6 +798,62 @@ TEST_CASE(
   CHECK(yielded.itl_s.p50 == Approx(slowed.itl_s.p50).epsilon(0.1));  // decode is not slowed more
 }
 
+TEST_CASE(
+    "a decode engine on the whole GPU beside a prefill engine on a partition waits as on streams, "
+    "scaled by reserve_decode_delay_scale, and the prefill runs at its share") {
+  auto streams_config = one_gpu_own_streams();
+  auto reserve_config = one_gpu_own_streams();
+  for (auto& a : reserve_config.nodes[0].actors) {
+    if (a.role == actor_role::prefill) a.sm_share = 0.75;
+  }
+  const auto streams = deployment_from_config(streams_config);
+  const auto reserve = deployment_from_config(reserve_config);
+  REQUIRE(reserve.workers.size() == 2);
+  const auto trace =
+      load_trace_spec("synthetic:poisson:rate=2,duration=30,in=2000,out=100,seed=11");
+  gpu_calibration cal;
+  cal.concurrent_decode_delay_s = 0.02;
+  sim_options plain;
+  plain.calibrations[streams.gpus[0].type] = cal;
+  sim_options halved = plain;
+  // A curve over the SMs no partition holds (0.25 here): the delay at a quarter free is halved.
+  halved.calibrations[streams.gpus[0].type].reserve_decode_delay_scale.points = {{0.1, 0.9},
+                                                                                 {0.25, 0.5}};
+  const auto on_streams = summarize(run_simulation(streams_config, streams, trace, plain).records);
+  const auto unscaled = summarize(run_simulation(reserve_config, reserve, trace, plain).records);
+  const auto scaled = summarize(run_simulation(reserve_config, reserve, trace, halved).records);
+  // The scale is for a partition beside the whole GPU only: streams ignore it.
+  const auto streams_halved =
+      summarize(run_simulation(streams_config, streams, trace, halved).records);
+  for (const auto* r : {&on_streams, &unscaled, &scaled, &streams_halved})
+    REQUIRE(r->completed == trace.size());
+  MESSAGE("ITL P50 / max ms: streams " << on_streams.itl_s.p50 * 1e3 << " / "
+                                       << on_streams.itl_s.max * 1e3 << ", prefill at 0.75 "
+                                       << unscaled.itl_s.p50 * 1e3 << " / "
+                                       << unscaled.itl_s.max * 1e3 << ", scaled 0.5 "
+                                       << scaled.itl_s.p50 * 1e3 << " / "
+                                       << scaled.itl_s.max * 1e3 << "; TTFT P50 "
+                                       << on_streams.ttft_s.p50 * 1e3 << " / "
+                                       << unscaled.ttft_s.p50 * 1e3 << " ms");
+  CHECK(streams_halved.itl_s.max == Approx(on_streams.itl_s.max));
+  // A step beside a chunk waits the whole delay unscaled, half of it scaled.
+  CHECK(unscaled.itl_s.max >= 0.02 + on_streams.itl_s.p50 - 1e-3);
+  CHECK(scaled.itl_s.max < unscaled.itl_s.max - 0.008);
+  CHECK(scaled.itl_s.max >= 0.01 + on_streams.itl_s.p50 - 1e-3);
+  // Decode alone is as fast as on streams; prefill on 3/4 of the SMs is slower.
+  CHECK(unscaled.itl_s.p50 == Approx(on_streams.itl_s.p50).epsilon(0.05));
+  CHECK(unscaled.ttft_s.p50 > 1.1 * on_streams.ttft_s.p50);
+  // Partitions below 1 must still fit the GPU.
+  auto overfull = reserve_config;
+  for (auto& a : overfull.nodes[0].actors) {
+    if (a.role == actor_role::decode) a.sm_share = 0.5;
+  }
+  const auto overfull_deployment = deployment_from_config(overfull);
+  CHECK_THROWS_WITH_AS(run_simulation(overfull, overfull_deployment, trace),
+                       doctest::Contains("shares below 1 must sum to at most 1"),
+                       std::invalid_argument);
+}
+
 TEST_CASE("a decode step waits out the delay beside a prefill step only for the part they overlap") {
   auto config = one_gpu_own_streams();
   const auto own = deployment_from_config(config);
