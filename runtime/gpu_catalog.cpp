@@ -95,7 +95,7 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
       "concurrent_prefill_slowdown", "concurrent_decode_delay_s", "concurrent_decode_tile_keys",
       "concurrent_decode_delay_by_overlap", "concurrent_overlap_on_prefill_start", "concurrent_prefill_yield", "concurrent_prefill_attention_yield",
       "concurrent_prefill_yield_scale", "concurrent_decode_delay_scale", "concurrent_decode_slowdown_scale",
-      "reserve_decode_delay_scale", "shared_prefill_delay_s", "front_end_s"};
+      "reserve_decode_delay_scale", "reserve_prefill_yield_scale", "shared_prefill_delay_s", "front_end_s"};
   gpu_calibration cal;
   cal.source = file.string();
   for (const auto& [k, v] : root) {
@@ -156,10 +156,13 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
                            std::pair{"concurrent_decode_slowdown_scale", &cal.concurrent_decode_slowdown_scale}}) {
     if (const auto* n = root.get(key)) *slot = curve(file, *n, key, true);
   }
-  if (const auto* n = root.get("reserve_decode_delay_scale")) {
-    cal.reserve_decode_delay_scale = curve(file, *n, "reserve_decode_delay_scale", true);
-    for (const auto& [reserved, factor] : cal.reserve_decode_delay_scale.points) {
-      if (reserved > 1.0) fail(file, n, "reserve_decode_delay_scale", "SM fractions must be at most 1");
+  for (auto [key, slot] : {std::pair{"reserve_decode_delay_scale", &cal.reserve_decode_delay_scale},
+                           std::pair{"reserve_prefill_yield_scale", &cal.reserve_prefill_yield_scale}}) {
+    if (const auto* n = root.get(key)) {
+      *slot = curve(file, *n, key, true);
+      for (const auto& [reserved, factor] : slot->points) {
+        if (reserved > 1.0) fail(file, n, key, "SM fractions must be at most 1");
+      }
     }
   }
   if (const auto* n = root.get("split_prefill_slowdown")) {

@@ -121,6 +121,10 @@ struct gpu_calibration {
   // on the delay above. Those SMs are decode's alone, so its kernels start there without
   // waiting for a prefill block to retire (empty: 1, as on streams; docs/sim.md).
   efficiency_curve reserve_decode_delay_scale;
+  // ... and the factor on the yield the prefill engine on the partition loses to each decode
+  // step (the result at most the whole step; empty: the partition's share, as if the decode
+  // kernels spread evenly over every SM).
+  efficiency_curve reserve_prefill_yield_scale;
   // Engines of one GPU on one shared stream (stream = "shared", event_sim's step_policy::
   // stream): a prefill step holds the stream this much longer than its modelled work. Fitted
   // to the prefill step time (prefill.hop_step) the colocated serving runs measured; what

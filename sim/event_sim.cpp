@@ -1050,7 +1050,8 @@ class event_sim {
       other.step_end +=
           static_cast<int64_t>(delay * static_cast<double>(left) / static_cast<double>(whole));
       push({other.step_end, event_kind::step_done, false, t, ++other.generation});
-      added += static_cast<int64_t>(decode_yield(decode, u, tl.gpu) * partition_part(u) *
+      added += static_cast<int64_t>(std::min(1.0, decode_yield(decode, u, tl.gpu) *
+                                                      reserve_yield_factor(u, tl.gpu)) *
                                     static_cast<double>(left));
     }
     return added;
@@ -1091,7 +1092,8 @@ class event_sim {
       const unit& running = *units_[other.running];
       if (!running.prefill || !running.spec.own_stream || (running.spec.sm_share < 1 && !reserve))
         continue;
-      const double yield = decode_yield(u, running, tl.gpu) * partition_part(running);
+      const double yield =
+          std::min(1.0, decode_yield(u, running, tl.gpu) * reserve_yield_factor(running, tl.gpu));
       if (yield <= 0) continue;
       other.step_end += static_cast<int64_t>(yield * static_cast<double>(decode_ns));
       push({other.step_end, event_kind::step_done, false, t, ++other.generation});
@@ -1127,10 +1129,15 @@ class event_sim {
     return specs_[gpu].calibration.reserve_decode_delay_scale.at(it->second, 1.0);
   }
 
-  /// The part of a whole-GPU decode step's work that lands on the SMs of a prefill engine
-  /// `prefill`: its share (first order: the decode kernels spread over every SM).
-  [[nodiscard]] static double partition_part(const unit& prefill) {
-    return std::min(1.0, prefill.spec.sm_share);
+  /// The factor on the yield a prefill step on a partition (`prefill`) loses to each
+  /// whole-GPU decode step beside it: reserve_prefill_yield_scale at the SMs no partition
+  /// holds, else the partition's share (the decode kernels spread over every SM, and the part
+  /// on the free SMs costs prefill nothing). 1 on streams.
+  [[nodiscard]] double reserve_yield_factor(const unit& prefill, uint32_t gpu) const {
+    const auto it = reserved_.find(gpu);
+    if (it == reserved_.end() || prefill.spec.sm_share >= 1) return 1.0;
+    return specs_[gpu].calibration.reserve_prefill_yield_scale.at(it->second,
+                                                                  prefill.spec.sm_share);
   }
 
   /// The tokens of the step `running` has in flight (0 when it is not a prefill step).

@@ -133,4 +133,35 @@ expect(f"12-05h prices both conversation x3 first-token runs within 15 % (got {o
        len(conv) == 2 and over_v == 0)
 expect("their TTFT P50 is priced 11-12 % short",
        sorted(d["ttft p50"] for d in detail_v.values()) == [-12, -11])
+# Prefill on a partition beside decode on the whole GPU (docs/data/h100-serve-2026-12-06c). The
+# 12-06c keys were fitted on the four conversation x3 runs at shares 0.85, 0.7 (twice) and 0.6;
+# without them (12-05h: waits as on streams) those runs miss 10 of 16.
+reserve_dir = data / "h100-serve-2026-12-06c"
+def named(*names):
+    return [str(reserve_dir / n) for n in names]
+fitted = named("conv3-pd-reserve85-b256-c1024-fd-42s", "conv3-pd-reserve70-b256-c1024-fd-42s",
+               "conv3-pd-reserve70-b256-c1024-fd-rep-42s", "conv3-pd-reserve60-b256-c1024-fd-42s")
+over_r, _, detail_r = score("h100-cuda-engine-2026-12-06c.toml", fitted)
+expect(f"12-06c misses 1 of the 16 figures it was fitted on (got {over_r})", over_r == 1)
+expect("that miss is the 0.6 share's ITL P99, -16 %",
+       detail_r.get("conv3-pd-reserve60-b256-c1024-fd-42s", {}).get("itl p99") == -16)
+over_r0, _, _ = score("h100-cuda-engine-2026-12-05h.toml", fitted)
+expect(f"12-05h misses 10 of those 16 (got {over_r0})", over_r0 == 10)
+# Not fitted on: share 0.75 (the same 96 SMs as 0.7 after rounding) and conversation x4.
+unseen = named("conv3-pd-reserve75-b256-c1024-fd-42s", "conv4-pd-reserve85-b256-c1024-fd-42s",
+               "conv4-pd-reserve70-b256-c1024-fd-42s")
+over_u, _, detail_u = score("h100-cuda-engine-2026-12-06c.toml", unseen)
+expect(f"12-06c misses 7 of the 12 figures it was not fitted on (got {over_u})", over_u == 7)
+expect("at conversation x4 it prices every ITL figure within 15 % and TTFT 34-169 % long",
+       all(abs(detail_u[r][f]) <= 15 for r in ("conv4-pd-reserve85-b256-c1024-fd-42s",
+                                               "conv4-pd-reserve70-b256-c1024-fd-42s")
+           for f in ("itl p50", "itl p99"))
+       and sorted(detail_u[r][f] for r in ("conv4-pd-reserve85-b256-c1024-fd-42s",
+                                          "conv4-pd-reserve70-b256-c1024-fd-42s")
+                  for f in ("ttft p50", "ttft p99")) == [34, 68, 87, 169])
+# The other deployments of those calls do not read the new keys.
+others = [str(p.with_suffix("")) for p in sorted(reserve_dir.glob("*.json")) if "reserve" not in p.name]
+expect(f"five other runs are stored beside them (got {len(others)})", len(others) == 5)
+expect("12-06c prices them exactly as 12-05h",
+       score("h100-cuda-engine-2026-12-06c.toml", others) == score("h100-cuda-engine-2026-12-05h.toml", others))
 finish()
