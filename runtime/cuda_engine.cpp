@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -766,7 +767,23 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
   info_.eos_ids = c.eos_token_ids;
   // The worker's share, which kv_memory_fraction sized here rather than the config.
   info_.kv_blocks = params_.seat ? params_.seat.pool->arena->member_blocks(params_.seat.member) : kv_blocks_;
+  if (params_.cuda_graphs && params_.graphs_at_start) capture_decode_graphs();
   CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void cuda_engine::capture_decode_graphs() {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<sample_result> results;
+  std::vector<float> kept;
+  // Every row padding: the pass writes only this engine's scratch block.
+  for (const uint32_t rows : buckets_) decode_part({}, results, kept, rows);
+  eager_steps_ = 0;  // those passes served no step
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+  std::fprintf(stderr, "cuda_engine: device %d: %zu decode graphs (batches %u to %u) ready in %lld ms\n",
+               params_.device, buckets_.size(), buckets_.front(), buckets_.back(),
+               static_cast<long long>(ms));
 }
 
 cuda_engine::~cuda_engine() {
@@ -1148,14 +1165,14 @@ step_output cuda_engine::prefill(std::span<const prefill_chunk> chunks) {
 
 void cuda_engine::decode_part(std::span<const decode_slot> slots,
                               std::vector<sample_result>& results,
-                              std::vector<float>& kept_logits) {
+                              std::vector<float>& kept_logits, uint32_t rows) {
   device_buffers& b = *buf_;
   const uint32_t bt = params_.block_tokens;
   CUDA_CHECK(cudaEventSynchronize(b.meta_sent));
   pass ps;
   ps.decode = true;
   ps.real_rows = static_cast<uint32_t>(slots.size());
-  ps.rows = params_.cuda_graphs ? bucket_of(ps.real_rows) : ps.real_rows;
+  ps.rows = rows > 0 ? rows : params_.cuda_graphs ? bucket_of(ps.real_rows) : ps.real_rows;
   ps.seqs = ps.rows;
   ps.outputs = ps.rows;
   ps.max_splits = splits_for(ps.rows);
@@ -1625,6 +1642,10 @@ std::unique_ptr<engine> make_cuda_engine(const deployment_config& config,
   params.max_batch = std::max(1u, actor.max_batch);
   params.prefill_tokens = std::max(1u, actor.chunk_tokens);
   params.high_priority = actor.role == actor_role::decode;
+  // Prefill workers never decode; DUET_DECODE_GRAPHS_AT_START=0 captures on first use instead.
+  const char* at_start = std::getenv("DUET_DECODE_GRAPHS_AT_START");
+  params.graphs_at_start =
+      actor.role == actor_role::decode && !(at_start && std::string_view(at_start) == "0");
   params.sm_share = actor.sm_share;
   params.shared_stream = actor.stream == "shared";
   params.seat = seat;

@@ -40,6 +40,9 @@ struct cuda_engine_params {
   uint32_t prefill_tokens = 2048;  // rows per prefill forward pass (longer steps run in pieces)
   bool high_priority = false;      // the stream gets the device's highest priority (decode actors)
   bool cuda_graphs = true;         // decode steps replay captured graphs
+  // Capture every bucket's decode graph (and tune its GEMMs) when the engine is built, not on
+  // the bucket's first step: a first capture in service stalls that step by 100-260 ms.
+  bool graphs_at_start = true;
   double sm_share = 1.0;       // < 1: kernels run in a green context of this fraction of the SMs
   bool shared_stream = false;  // one stream for every such engine of the process on this device
   kv_pool_seat seat;           // a pool shared with other workers on this device (their sizes too)
@@ -128,8 +131,10 @@ class cuda_engine final : public engine {
   void run_pass(pass& ps, std::vector<sample_result>& results, std::vector<float>& kept_logits);
   void finish_samples(const pass& ps, std::vector<sample_result>& results,
                       std::vector<float>& kept_logits);
+  /// `rows` > 0: run that many rows (a bucket) whatever `slots` holds, the rest padding.
   void decode_part(std::span<const decode_slot> slots, std::vector<sample_result>& results,
-                   std::vector<float>& kept_logits);
+                   std::vector<float>& kept_logits, uint32_t rows = 0);
+  void capture_decode_graphs();
   [[nodiscard]] uint32_t bucket_of(uint32_t rows) const;
   [[nodiscard]] uint32_t splits_for(uint32_t rows) const;
   void check_blocks(std::span<const uint32_t> blocks, uint64_t positions, const char* what) const;

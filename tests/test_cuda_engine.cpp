@@ -155,7 +155,8 @@ TEST_CASE(
       }
       next = c.tokens;
     }
-    CHECK(gpu.graph_steps() >= 4);  // the first step of a bucket captures, the rest replay
+    CHECK(gpu.graph_steps() == 6);  // every bucket's graph was captured with the engine
+    CHECK(gpu.eager_steps() == 0);
   }
 }
 
@@ -198,7 +199,8 @@ TEST_CASE("graph replay, eager decode and chunked prefill give the same results"
           1e-2);  // other pass boundaries change GEMM shapes (cuBLASLt algorithms), not the math
   }
   decode_graphs_against_eager(graphs, eager, seqs, a.tokens, 4);
-  CHECK(graphs.graph_steps() == 3);
+  CHECK(graphs.graph_steps() == 4);  // captured when the engine was built: every step replays
+  CHECK(graphs.eager_steps() == 0);
   CHECK(eager.graph_steps() == 0);
 }
 
@@ -210,19 +212,26 @@ TEST_CASE("a batch between powers of two replays the graph of its multiple of 32
   gp.max_batch = 128;
   gp.prefill_tokens = 2048;
   cuda_engine graphs(dir, gp);  // buckets 1 .. 32, 64, 96, 128: 70 rows run the 96-row graph
+  gp.graphs_at_start = false;
+  cuda_engine lazy(dir, gp);  // captures a bucket's graph on its first step instead
   gp.cuda_graphs = false;
   cuda_engine eager(dir, gp);
-  graphs.keep_logits(true);
-  eager.keep_logits(true);
+  cuda_engine eager_twin(dir, gp);  // the lazy engine's reference
+  for (cuda_engine* e : {&graphs, &lazy, &eager, &eager_twin}) e->keep_logits(true);
   std::mt19937 rng(9);
   std::vector<uint32_t> lens(70);
   for (auto& l : lens) l = 5 + rng() % 40;
   auto seqs = make_sequences(rng, lens, 3000, 8);
+  auto lazy_seqs = seqs;
   const auto a = graphs.prefill(whole(seqs));
-  (void)eager.prefill(whole(seqs));
+  for (cuda_engine* e : {&lazy, &eager, &eager_twin}) (void)e->prefill(whole(seqs));
   REQUIRE(seqs.size() == 70);
   decode_graphs_against_eager(graphs, eager, seqs, a.tokens, 3);
-  CHECK(graphs.graph_steps() == 2);  // the first step captures the 96-row graph, two replay it
+  CHECK(graphs.graph_steps() == 3);  // the 96-row graph was captured with the engine
+  CHECK(graphs.eager_steps() == 0);
+  decode_graphs_against_eager(lazy, eager_twin, lazy_seqs, a.tokens, 3);
+  CHECK(lazy.graph_steps() == 2);  // the first step captures the 96-row graph, two replay it
+  CHECK(lazy.eager_steps() == 1);
 }
 
 TEST_CASE("decode after a smaller split-K batch stays right: the split counters keep their place") {

@@ -843,6 +843,19 @@ TEST_CASE(
   // Decode alone is as fast as on streams; prefill on 3/4 of the SMs is slower.
   CHECK(unscaled.itl_s.p50 == Approx(on_streams.itl_s.p50).epsilon(0.05));
   CHECK(unscaled.ttft_s.p50 > 1.1 * on_streams.ttft_s.p50);
+  // The prefill on the partition loses its yield times its share (default) or times
+  // reserve_prefill_yield_scale of each decode step.
+  sim_options yielding = plain;
+  yielding.calibrations[streams.gpus[0].type].concurrent_prefill_yield = 0.6;
+  sim_options yielding_more = yielding;
+  yielding_more.calibrations[streams.gpus[0].type].reserve_prefill_yield_scale.points = {{0.25, 1.5}};
+  const auto share_yield = summarize(run_simulation(reserve_config, reserve, trace, yielding).records);
+  const auto more_yield =
+      summarize(run_simulation(reserve_config, reserve, trace, yielding_more).records);
+  MESSAGE("TTFT P50 with the yield times 0.75 / 1.5: " << share_yield.ttft_s.p50 * 1e3 << " / "
+                                                       << more_yield.ttft_s.p50 * 1e3 << " ms");
+  CHECK(share_yield.ttft_s.p50 > unscaled.ttft_s.p50);
+  CHECK(more_yield.ttft_s.p50 > share_yield.ttft_s.p50 * 1.05);
   // Partitions below 1 must still fit the GPU.
   auto overfull = reserve_config;
   for (auto& a : overfull.nodes[0].actors) {
