@@ -4,6 +4,8 @@
 //
 //   colocated[:gpus=N]              N GPUs, each running prefill and decode on one timeline
 //   split[:sm=F][,gpus=N]           N GPUs, each split by SM share: prefill F, decode 1-F
+//   reserve[:sm=F][,gpus=N]         N GPUs, prefill on F of each (default 0.7), decode on the
+//                                   whole GPU (its own stream), the other 1-F of the SMs its own
 //   XPYD[:p=GPU,d=GPU]              X prefill GPUs and Y decode GPUs, e.g. 1P1D, 2P6D
 //
 // Options, comma separated after the colon: gpus=N, sm=F, gpu=T (every GPU), p=T and d=T

@@ -511,6 +511,16 @@ TEST_CASE(
   CHECK(split.workers[0].sm_share == Approx(0.6));
   CHECK(split.workers[1].sm_share == Approx(0.4));
 
+  const auto reserve = parse_deployment_spec("reserve:sm=0.75,gpus=2", config, "h100");
+  REQUIRE(reserve.workers.size() == 4);
+  CHECK(reserve.workers[0].sm_share == Approx(0.75));
+  CHECK(reserve.workers[1].sm_share == 1.0);
+  CHECK(reserve.workers[1].role == actor_role::decode);
+  CHECK(reserve.workers[1].own_stream);
+  CHECK(reserve.workers[3].gpu == 1);
+  CHECK(parse_deployment_spec("reserve", config, "h100").workers[0].sm_share == Approx(0.7));
+  CHECK(describe(reserve) == "2 GPUs: gpu0 h100 [prefill 75% + decode], gpu1 h100 [prefill 75% + decode]");
+
   const auto hetero =
       parse_deployment_spec("2P3D:p=h100,d=h20,batch=128,chunk=1024,link=network", config, "h200");
   REQUIRE(hetero.gpus.size() == 5);
@@ -525,7 +535,7 @@ TEST_CASE(
 
   CHECK(contains(
       error_of<deployment_spec_error>([&] { (void)parse_deployment_spec("3X", config, "h20"); }),
-      "colocated, split, or XPYD"));
+      "colocated, split, reserve, or XPYD"));
   CHECK(contains(error_of<deployment_spec_error>(
                      [&] { (void)parse_deployment_spec("1P1D:sm=0.5", config, "h20"); }),
                  "unknown option 'sm'"));
