@@ -619,8 +619,12 @@ TEST_CASE("sm_share lies in (0, 1]") {
   CHECK_NOTHROW((void)parse_config(one_node + "sm_share = 0.01\ndevice = 1\n", "t"));
 }
 
-TEST_CASE("split SM shares of the actors on one GPU sum to at most 1") {
-  const std::string split = R"([[nodes]]
+namespace {
+
+/// A node with a router, a broker, prefill0 and decode0, each worker's extra keys appended to
+/// its table (one "key = value" line each, or nothing).
+std::string node_with_shares(const std::string& prefill_keys, const std::string& decode_keys) {
+  return R"([[nodes]]
 name = "n1"
 endpoint = "inproc://n1"
 [[nodes.actors]]
@@ -632,12 +636,16 @@ role = "broker"
 [[nodes.actors]]
 name = "prefill0"
 role = "prefill"
-sm_share = 0.7
-[[nodes.actors]]
+)" + prefill_keys + R"([[nodes.actors]]
 name = "decode0"
 role = "decode"
-sm_share = 0.4
-)";
+)" + decode_keys;
+}
+
+}  // namespace
+
+TEST_CASE("split SM shares of the actors on one GPU sum to at most 1") {
+  const std::string split = node_with_shares("sm_share = 0.7\n", "sm_share = 0.4\n");
   CHECK_REJECTS(split,
                 "t.toml:17:12: key 'nodes[0].actors[3].sm_share': prefill and decode "
                 "actors on device 0 of node 'n1' have sm_share below 1 summing to 1.1");
@@ -648,32 +656,12 @@ sm_share = 0.4
 }
 
 TEST_CASE("an actor at sm_share 1 beside a split runs on the whole GPU, the split's SMs included") {
-  const std::string reserve = R"([[nodes]]
-name = "n1"
-endpoint = "inproc://n1"
-[[nodes.actors]]
-name = "router"
-role = "router"
-[[nodes.actors]]
-name = "broker"
-role = "broker"
-[[nodes.actors]]
-name = "prefill0"
-role = "prefill"
-sm_share = 0.85
-[[nodes.actors]]
-name = "decode0"
-role = "decode"
-)";
+  const std::string reserve = node_with_shares("sm_share = 0.85\n", "");
   const auto config = parse_config(reserve, "t");
   CHECK(config.nodes[0].actors[2].sm_share == doctest::Approx(0.85));
   CHECK(config.nodes[0].actors[3].sm_share == 1.0);
   // The shares below 1 still may not overlap one another.
-  CHECK_REJECTS(reserve + R"([[nodes.actors]]
-name = "prefill1"
-role = "prefill"
-sm_share = 0.25
-)",
+  CHECK_REJECTS(reserve + "[[nodes.actors]]\nname = \"prefill1\"\nrole = \"prefill\"\nsm_share = 0.25\n",
                 "t.toml:20:12: key 'nodes[0].actors[4].sm_share': prefill and decode "
                 "actors on device 0 of node 'n1' have sm_share below 1 summing to 1.1");
 }
