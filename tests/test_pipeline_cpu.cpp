@@ -484,10 +484,15 @@ std::vector<double> serve_streaming(const std::vector<std::vector<int32_t>>& pro
   const auto stats = c.stats({"d/decode0", "p/prefill0", "p/broker"}, 2s);
   REQUIRE(stats.size() == 3);
   // With stream_prefill every prompt's blocks left before the broker's kv_send; the long
-  // one's first chunk's while its second computed.
+  // one's first chunk's while its second computed. They travel on the stream's connection and
+  // the kv_adopt on the router's, so a one-chunk prompt's adoption may reach the decode worker
+  // first (it then pulls as without streaming: seen under CPU load); the long prompt's blocks
+  // are there hundreds of milliseconds before its adoption.
   const uint64_t streamed = stream_prefill ? prompts.size() : 0;
   CHECK(counter(stats, "p/prefill0", "stream_prefill_streams") == streamed);
-  CHECK(counter(stats, "d/decode0", "early_adoptions") == streamed);
+  const uint64_t early = counter(stats, "d/decode0", "early_adoptions");
+  CHECK(early <= streamed);
+  CHECK((early >= 1) == stream_prefill);
   CHECK((counter(stats, "d/decode0", "early_bytes_received") > 0) == stream_prefill);
   CHECK(counter(stats, "d/decode0", "path_tcp") == prompts.size());
   CHECK(counter(stats, "d/decode0", "transfer_failures") == 0);
