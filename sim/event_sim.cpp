@@ -1333,7 +1333,7 @@ class event_sim {
   std::vector<std::unique_ptr<unit>> units_;
   std::vector<timeline> timelines_;
   // GPU -> the fraction of its SMs no partition holds, on GPUs where workers at share 1 run
-  // beside workers on partitions (docs/sim.md, "A partition beside the whole GPU").
+  // beside workers on partitions (docs/sim.md, "A prefill partition beside the whole GPU").
   std::map<uint32_t, double> reserved_;
   std::unordered_map<std::string, uint32_t> address_to_target_;
   std::unordered_map<uint64_t, handle_info> handles_;
