@@ -95,7 +95,8 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
       "concurrent_prefill_slowdown", "concurrent_decode_delay_s", "concurrent_decode_tile_keys",
       "concurrent_decode_delay_by_overlap", "concurrent_overlap_on_prefill_start", "concurrent_prefill_yield", "concurrent_prefill_attention_yield",
       "concurrent_prefill_yield_scale", "concurrent_decode_delay_scale", "concurrent_decode_slowdown_scale",
-      "reserve_decode_delay_scale", "reserve_prefill_yield_scale", "shared_prefill_delay_s", "front_end_s"};
+      "reserve_decode_delay_scale", "reserve_prefill_yield_scale", "reserve_prefill_attention_yield",
+      "shared_prefill_delay_s", "front_end_s"};
   gpu_calibration cal;
   cal.source = file.string();
   for (const auto& [k, v] : root) {
@@ -151,6 +152,8 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
   if (const auto* n = root.get("concurrent_prefill_attention_yield"))
     cal.concurrent_prefill_attention_yield =
         fraction(file, *n, "concurrent_prefill_attention_yield");
+  if (const auto* n = root.get("reserve_prefill_attention_yield"))
+    cal.reserve_prefill_attention_yield = fraction(file, *n, "reserve_prefill_attention_yield");
   for (auto [key, slot] : {std::pair{"concurrent_prefill_yield_scale", &cal.concurrent_prefill_yield_scale},
                            std::pair{"concurrent_decode_delay_scale", &cal.concurrent_decode_delay_scale},
                            std::pair{"concurrent_decode_slowdown_scale", &cal.concurrent_decode_slowdown_scale}}) {

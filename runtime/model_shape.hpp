@@ -125,6 +125,11 @@ struct gpu_calibration {
   // step (the result at most the whole step; empty: the partition's share, as if the decode
   // kernels spread evenly over every SM).
   efficiency_curve reserve_prefill_yield_scale;
+  // ... and, beside such a partition, the fraction of a decode step's attention time the prefill
+  // loses, in place of concurrent_prefill_attention_yield (before the factor above): the
+  // attention's blocks fill the SMs no partition holds first, so less of them wait for the
+  // partition's SMs than on streams (empty: concurrent_prefill_attention_yield; docs/sim.md).
+  std::optional<double> reserve_prefill_attention_yield;
   // Engines of one GPU on one shared stream (stream = "shared", event_sim's step_policy::
   // stream): a prefill step holds the stream this much longer than its modelled work. Fitted
   // to the prefill step time (prefill.hop_step) the colocated serving runs measured; what

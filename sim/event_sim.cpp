@@ -1107,17 +1107,22 @@ class event_sim {
   /// step (the weight GEMMs, norms, sampling) concurrent_prefill_yield. A recompute chunk
   /// (a prefill call of the decode worker) takes concurrent_prefill_yield. Either is scaled by
   /// concurrent_prefill_yield_scale at the tokens of `running` (the prefill step losing it),
-  /// up to the whole step.
+  /// up to the whole step. A prefill step on a partition beside a whole-GPU decode takes
+  /// reserve_prefill_attention_yield for the attention part, when the calibration has it.
   [[nodiscard]] double decode_yield(const unit& u, const unit& running, uint32_t gpu) const {
     const auto& cal = specs_[gpu].calibration;
     const double scale = cal.concurrent_prefill_yield_scale.at(prefill_step_tokens(running), 1.0);
     const double rest = cal.concurrent_prefill_yield.value_or(0.0);
-    if (!cal.concurrent_prefill_attention_yield || u.engine->last_prefill().tokens > 0)
+    const bool beside_partition = reserved_.contains(gpu) && running.spec.sm_share < 1;
+    const auto attention_yield = beside_partition && cal.reserve_prefill_attention_yield
+                                     ? cal.reserve_prefill_attention_yield
+                                     : cal.concurrent_prefill_attention_yield;
+    if (!attention_yield || u.engine->last_prefill().tokens > 0)
       return std::min(1.0, rest * scale);
     const decode_shape& step = u.engine->last_decode();
     const double a =
         costs_[gpu].decode_parts(step.batch, step.context, step.graph_rows).attention_share();
-    return std::min(1.0, (rest + (*cal.concurrent_prefill_attention_yield - rest) * a) * scale);
+    return std::min(1.0, (rest + (*attention_yield - rest) * a) * scale);
   }
 
   /// A whole-GPU decode step beside a prefill step on a partition (`prefill` on a share below

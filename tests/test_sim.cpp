@@ -866,6 +866,33 @@ TEST_CASE(
                                                        << more_yield.ttft_s.p50 * 1e3 << " ms");
   CHECK(share_yield.ttft_s.p50 > unscaled.ttft_s.p50);
   CHECK(more_yield.ttft_s.p50 > share_yield.ttft_s.p50 * 1.05);
+  // With the attention part priced apart, reserve_prefill_attention_yield replaces
+  // concurrent_prefill_attention_yield beside a partition only: a prefill losing the whole of
+  // each decode step's attention there is slower than one losing none of it; on streams the
+  // key changes nothing.
+  sim_options by_part = yielding;
+  by_part.calibrations[streams.gpus[0].type].concurrent_prefill_attention_yield = 0.6;
+  sim_options attention_all = by_part, attention_none = by_part;
+  attention_all.calibrations[streams.gpus[0].type].reserve_prefill_attention_yield = 1.0;
+  attention_none.calibrations[streams.gpus[0].type].reserve_prefill_attention_yield = 0.0;
+  // Long contexts, so that attention is much of each decode step.
+  const auto long_contexts =
+      load_trace_spec("synthetic:poisson:rate=3,duration=30,in=6000,out=300,seed=11");
+  auto simulate = [&](const auto& config, const auto& deployment, const sim_options& o) {
+    return summarize(run_simulation(config, deployment, long_contexts, o).records);
+  };
+  const auto as_streams = simulate(reserve_config, reserve, by_part);
+  const auto all_of_it = simulate(reserve_config, reserve, attention_all);
+  const auto none_of_it = simulate(reserve_config, reserve, attention_none);
+  const auto streams_by_part = simulate(streams_config, streams, by_part);
+  const auto streams_none = simulate(streams_config, streams, attention_none);
+  MESSAGE("TTFT P50, attention yield 0 / 0.6 / 1 beside the partition: "
+          << none_of_it.ttft_s.p50 * 1e3 << " / " << as_streams.ttft_s.p50 * 1e3 << " / "
+          << all_of_it.ttft_s.p50 * 1e3 << " ms");
+  CHECK(all_of_it.ttft_s.p50 > as_streams.ttft_s.p50);
+  CHECK(as_streams.ttft_s.p50 > none_of_it.ttft_s.p50);
+  CHECK(all_of_it.ttft_s.p50 > none_of_it.ttft_s.p50 * 1.05);
+  CHECK(streams_none.ttft_s.p50 == Approx(streams_by_part.ttft_s.p50));
   // Partitions below 1 must still fit the GPU.
   auto overfull = reserve_config;
   for (auto& a : overfull.nodes[0].actors) {
