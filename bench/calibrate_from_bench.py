@@ -19,9 +19,9 @@ for R1-Distill-Llama-8B on one GPU:
   step_overhead_s is kept from --serving (else 60 us).
 Several JSONs merge (later ones win: kernels by name, prefill rows by length, decode rows by
 batch and context), so a --prefill-only run adds its rows to a full one.
-Keys only serving runs can measure (split_bandwidth, split_kv_bandwidth, split_compute, decode_sequence_overhead_s,
-concurrent_*, shared_prefill_delay_s) are copied from --serving, a calibration file fitted on
-them.
+Keys only serving runs can measure (split_*, decode_sequence_overhead_s, concurrent_*,
+reserve_*, shared_prefill_delay_s, front_end_s, and prefill_memory, fitted on prefill-mix steps)
+are copied from --serving, a calibration file fitted on them.
 """
 import argparse
 import datetime
@@ -44,7 +44,9 @@ SERVING_KEYS = ("step_overhead_s", "decode_sequence_overhead_s", "split_bandwidt
                 "concurrent_decode_delay_s", "concurrent_decode_tile_keys", "concurrent_decode_delay_by_overlap",
                 "concurrent_overlap_on_prefill_start", "concurrent_prefill_yield",
                 "concurrent_prefill_attention_yield", "concurrent_prefill_yield_scale",
-                "concurrent_decode_delay_scale", "concurrent_decode_slowdown_scale", "shared_prefill_delay_s")
+                "concurrent_decode_delay_scale", "concurrent_decode_slowdown_scale", "shared_prefill_delay_s",
+                "prefill_memory", "split_decode_slowdown", "split_prefill_slowdown", "front_end_s",
+                "reserve_decode_delay_scale", "reserve_prefill_yield_scale", "reserve_prefill_attention_yield")
 
 
 def gpu_spec(name):
