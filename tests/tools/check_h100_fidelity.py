@@ -164,4 +164,33 @@ others = [str(p.with_suffix("")) for p in sorted(reserve_dir.glob("*.json")) if 
 expect(f"five other runs are stored beside them (got {len(others)})", len(others) == 5)
 expect("12-06c prices them exactly as 12-05h",
        score("h100-cuda-engine-2026-12-06c.toml", others) == score("h100-cuda-engine-2026-12-05h.toml", others))
+# 12-06e prices a decode step's attention apart beside the partition and re-fits the reserve
+# keys on those four runs, the two at conversation x4 and the x3 run with decode graphs captured
+# at start (docs/data/h100-serve-2026-12-06f/fit-runs.txt).
+fit_e = (data / "h100-serve-2026-12-06f/fit-runs.txt").read_text().split()
+fit_e = [str(root / r) for r in fit_e]
+over_fe, _, detail_fe = score("h100-cuda-engine-2026-12-06e.toml", fit_e)
+expect(f"12-06e misses 6 of the 28 figures it was fitted on (got {over_fe})", over_fe == 6)
+expect("none by more than 21 %", max(abs(v) for d in detail_fe.values() for k, v in d.items()
+                                     if k in ("ttft p50", "ttft p99", "itl p50", "itl p99")) <= 21)
+over_fc, _, _ = score("h100-cuda-engine-2026-12-06c.toml", fit_e)
+expect(f"12-06c misses 7 of them (got {over_fc})", over_fc == 7)
+# Predicted before they ran (docs/data/h100-serve-2026-12-06f/predictions.md): conversation x3.5
+# at 0.85 and 0.7, x4.5 at 0.85 and code x0.7 at 0.85.
+new_dir = data / "h100-serve-2026-12-06f"
+new_runs = [str(p.with_suffix("")) for p in sorted(new_dir.glob("*reserve*.json"))]
+expect(f"four new reserve runs are stored (got {len(new_runs)})", len(new_runs) == 4)
+over_ne, _, detail_ne = score("h100-cuda-engine-2026-12-06e.toml", new_runs)
+over_nc, _, detail_nc = score("h100-cuda-engine-2026-12-06c.toml", new_runs)
+worst = lambda detail: max(abs(v) for d in detail.values() for k, v in d.items()
+                           if k in ("ttft p50", "ttft p99", "itl p50", "itl p99"))
+expect(f"on them 12-06e misses 7 of 16, 12-06c 6 (got {over_ne}, {over_nc})", (over_ne, over_nc) == (7, 6))
+expect(f"the worst miss: 12-06e 46 %, 12-06c 133 % (got {worst(detail_ne)}, {worst(detail_nc)})",
+       (worst(detail_ne), worst(detail_nc)) == (46, 133))
+expect("conversation x4.5's TTFT P50: +24 % with 12-06e, +133 % with 12-06c",
+       (detail_ne["conv45-pd-reserve85-b256-c1024-fd-42s"]["ttft p50"],
+        detail_nc["conv45-pd-reserve85-b256-c1024-fd-42s"]["ttft p50"]) == (24, 133))
+expect("code x0.7's ITL P50 is priced 42-45 % long by both",
+       (detail_ne["code07-pd-reserve85-b256-c1024-fd"]["itl p50"],
+        detail_nc["code07-pd-reserve85-b256-c1024-fd"]["itl p50"]) == (42, 45))
 finish()
