@@ -85,6 +85,7 @@ struct sim_commands::state {
   size_t requests = 1000;
   double attainment = 0.9;
   std::string shares = "0.3,0.4,0.5,0.6,0.7";
+  std::string reserve_shares = "0.7,0.85";
   uint32_t top = 6;
   // bench serve
   CLI::App* bench = nullptr;
@@ -303,6 +304,26 @@ int run_sim(const sim_commands::state& s) {
   return 0;
 }
 
+/// A comma-separated list of SM shares, each strictly between 0 and 1 ("" or "none": no share).
+std::vector<double> parse_shares(const std::string& flag, std::string_view text) {
+  std::vector<double> shares;
+  if (text == "none") return shares;
+  for (std::string_view rest = text; !rest.empty();) {
+    const auto comma = rest.find(',');
+    const std::string_view part = rest.substr(0, comma);
+    double share = 0;
+    const auto r = std::from_chars(part.data(), part.data() + part.size(), share);
+    if (r.ec != std::errc{} || r.ptr != part.data() + part.size() || !(share > 0 && share < 1)) {
+      throw std::invalid_argument(flag + ": '" + std::string(part) +
+                                  "' is not a share between 0 and 1 (exclusive)");
+    }
+    shares.push_back(share);
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  return shares;
+}
+
 int run_plan(const sim_commands::state& s) {
   const auto config = s.config_path.empty() ? default_config() : load_config(s.config_path);
   const auto trace = prepared_trace(s, config, s.requests);
@@ -312,20 +333,8 @@ int run_plan(const sim_commands::state& s) {
   po.gpu_budget = s.gpus;
   po.slo = parse_slo(s.slo);
   po.attainment = s.attainment;
-  po.sm_shares.clear();
-  for (std::string_view rest = s.shares; !rest.empty();) {
-    const auto comma = rest.find(',');
-    const std::string_view part = rest.substr(0, comma);
-    double share = 0;
-    const auto r = std::from_chars(part.data(), part.data() + part.size(), share);
-    if (r.ec != std::errc{} || r.ptr != part.data() + part.size() || !(share > 0 && share < 1)) {
-      throw std::invalid_argument("--sm-shares: '" + std::string(part) +
-                                  "' is not a share between 0 and 1 (exclusive)");
-    }
-    po.sm_shares.push_back(share);
-    if (comma == std::string_view::npos) break;
-    rest = rest.substr(comma + 1);
-  }
+  po.sm_shares = parse_shares("--sm-shares", s.shares);
+  po.reserve_shares = parse_shares("--reserve-shares", s.reserve_shares);
   po.jobs = s.jobs > 0 ? s.jobs : std::max(1u, std::thread::hardware_concurrency());
   po.sim = options_from(s, po.gpu);
   const bool tty = terminal();
@@ -864,7 +873,9 @@ sim_commands::sim_commands(CLI::App& app) : state_(std::make_unique<state>()) {
   s.plan->add_option("--duration", s.duration_s, "use this many seconds of the trace")
       ->check(CLI::NonNegativeNumber);
   s.plan->add_option("--sm-shares", s.shares,
-                     "prefill SM shares of the one-GPU splits, comma separated");
+                     "prefill SM shares of the one-GPU splits, comma separated (none: no split)");
+  s.plan->add_option("--reserve-shares", s.reserve_shares,
+                     "prefill partitions beside decode on the whole GPU, comma separated (none: no such candidate)");
   s.plan->add_option("--hop-us", s.hop_us, "latency of one message between actors, microseconds")
       ->check(CLI::NonNegativeNumber);
   s.plan->add_option("--calibration", s.calibration, "calibration TOML file for the GPU");

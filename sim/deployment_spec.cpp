@@ -117,14 +117,17 @@ sim_deployment parse_deployment_spec(std::string_view spec, const deployment_con
     }
   }
   uint32_t prefill_gpus = 0, decode_gpus = 0;
-  // Kinds with prefill and decode on each GPU; "reserve": prefill on a partition, decode on
-  // the whole GPU on a stream of its own (docs/sim.md, "A prefill partition beside the whole GPU").
-  const bool shared = kind == "colocated" || kind == "split" || kind == "reserve";
+  // Kinds with prefill and decode on each GPU; "streams": both on the whole GPU, each on a stream
+  // of its own; "reserve": prefill on a partition, decode on the whole GPU on a stream of its
+  // own (docs/sim.md, "A prefill partition beside the whole GPU").
+  const bool shared =
+      kind == "colocated" || kind == "streams" || kind == "split" || kind == "reserve";
   if (!shared) {
     const auto p = kind.find('p');
     const auto dpos = kind.find('d');
     if (p == std::string::npos || dpos != kind.size() - 1 || p == 0 || dpos == p + 1) {
-      bad(spec, "the kind must be colocated, split, reserve, or XPYD such as 1P1D or 2P6D");
+      bad(spec,
+          "the kind must be colocated, streams, split, reserve, or XPYD such as 1P1D or 2P6D");
     }
     prefill_gpus = to_count(spec, "the prefill count", std::string_view(kind).substr(0, p), 1);
     decode_gpus =
@@ -135,6 +138,9 @@ sim_deployment parse_deployment_spec(std::string_view spec, const deployment_con
           ? std::set<std::string, std::less<>>{"gpus",  "gpu",    "link",  "per_host",
                                                "batch", "pbatch", "chunk", "pmem",
                                                "policy", "name",  "kv_allocation"}
+      : kind == "streams"
+          ? std::set<std::string, std::less<>>{"gpus",  "gpu",    "link",  "per_host", "batch",
+                                               "pbatch", "chunk", "pmem", "name",  "kv_allocation"}
       : kind == "split" || kind == "reserve"
           ? std::set<std::string, std::less<>>{"gpus",  "gpu",    "sm",    "link", "per_host",
                                                "batch", "pbatch", "chunk", "pmem", "name",
@@ -205,15 +211,15 @@ sim_deployment parse_deployment_spec(std::string_view spec, const deployment_con
   };
   if (shared) {
     const uint32_t n = option("gpus") ? to_count(spec, "gpus", *option("gpus"), 1) : 1;
-    const double sm = kind == "colocated" ? 1.0
-                      : option("sm")         ? to_fraction(spec, "sm", *option("sm"))
-                      : kind == "split"      ? 0.5
-                                             : 0.7;
-    const bool reserve = kind == "reserve";
+    const double sm = kind == "colocated" || kind == "streams" ? 1.0
+                      : option("sm")                            ? to_fraction(spec, "sm", *option("sm"))
+                      : kind == "split"                         ? 0.5
+                                                                : 0.7;
+    const bool own_streams = kind == "streams" || kind == "reserve";
     for (uint32_t i = 0; i < n; ++i) {
       const uint32_t g = add_gpu(every);
-      add_worker(g, actor_role::prefill, sm, pmem, reserve);
-      add_worker(g, actor_role::decode, kind == "split" ? 1.0 - sm : 1.0, 1.0 - pmem, reserve);
+      add_worker(g, actor_role::prefill, sm, pmem, own_streams);
+      add_worker(g, actor_role::decode, kind == "split" ? 1.0 - sm : 1.0, 1.0 - pmem, own_streams);
     }
   } else {
     const std::string p_type = option("p") ? *option("p") : every;

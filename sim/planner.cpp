@@ -100,10 +100,20 @@ std::vector<sim_deployment> plan_candidates(const deployment_config& config,
   std::vector<sim_deployment> out;
   const uint32_t budget = std::max<uint32_t>(options.gpu_budget, 1);
   out.push_back(parse_deployment_spec("colocated", config, options.gpu));
-  for (double share : options.sm_shares) {
+  out.push_back(parse_deployment_spec("streams", config, options.gpu));
+  auto check_share = [](double share) {
     if (!(share > 0 && share < 1)) throw std::invalid_argument("SM shares must be between 0 and 1");
+  };
+  for (double share : options.sm_shares) {
+    check_share(share);
     auto d = parse_deployment_spec(fmt("split:sm=%g", share), config, options.gpu);
     d.name = fmt("split %.0f/%.0f", share * 100, (1 - share) * 100);
+    out.push_back(std::move(d));
+  }
+  for (double share : options.reserve_shares) {
+    check_share(share);
+    auto d = parse_deployment_spec(fmt("reserve:sm=%g", share), config, options.gpu);
+    d.name = fmt("reserve %.0f", share * 100);
     out.push_back(std::move(d));
   }
   for (uint32_t total = 2; total <= budget; ++total) {

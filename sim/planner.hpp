@@ -4,8 +4,9 @@
 // Goodput follows DistServe (Zhong et al., OSDI'24): the highest request rate at which at
 // least `attainment` (default 90%) of requests meet both the TTFT and the TPOT objective;
 // per-GPU goodput divides it by the GPUs the deployment uses. For every candidate —
-// colocated (one GPU), an SM split of one GPU at each share, and every XPYD with X + Y
-// within the budget — the planner replays the trace at rate multiples found by doubling
+// colocated (one GPU), PD on streams of one GPU, an SM split of one GPU at each share, a
+// prefill partition beside decode on the whole GPU at each reserve share, and every XPYD with
+// X + Y within the budget — the planner replays the trace at rate multiples found by doubling
 // or halving, then bisection, and keeps the largest multiple that meets the attainment.
 #include <cstdint>
 #include <functional>
@@ -26,6 +27,9 @@ struct plan_options {
   latency_slo slo;
   double attainment = 0.9;  // fraction of requests meeting the SLO
   std::vector<double> sm_shares = {0.3, 0.4, 0.5, 0.6, 0.7};  // prefill shares of SM splits
+  // Prefill partitions beside a decode engine on the whole GPU (priced by a calibration's
+  // reserve_* keys; without them, as PD streams with the prefill on its share)
+  std::vector<double> reserve_shares = {0.7, 0.85};
   uint32_t search_steps = 6;                                  // bisection steps after the bracket
   uint32_t jobs = 1;                                          // candidates simulated in parallel
   sim_options sim;                                            // per run (progress is ignored)

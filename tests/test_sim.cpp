@@ -520,6 +520,17 @@ TEST_CASE(
   CHECK(reserve.workers[3].gpu == 1);
   CHECK(parse_deployment_spec("reserve", config, "h100").workers[0].sm_share == Approx(0.7));
   CHECK(describe(reserve) == "2 GPUs: gpu0 h100 [prefill 75% + decode], gpu1 h100 [prefill 75% + decode]");
+  // PD on one GPU, each engine on the whole GPU on a stream of its own.
+  const auto streams = parse_deployment_spec("streams:chunk=1024", config, "h100");
+  REQUIRE(streams.workers.size() == 2);
+  for (const auto& w : streams.workers) {
+    CHECK(w.sm_share == 1.0);
+    CHECK(w.own_stream);
+    CHECK(w.gpu == 0);
+  }
+  CHECK(streams.workers[0].chunk_tokens == 1024);
+  CHECK_THROWS_AS(parse_deployment_spec("streams:sm=0.5", config, "h100"), std::invalid_argument);
+  CHECK_FALSE(coloc.workers[0].own_stream);
 
   const auto hetero =
       parse_deployment_spec("2P3D:p=h100,d=h20,batch=128,chunk=1024,link=network", config, "h200");
@@ -535,7 +546,7 @@ TEST_CASE(
 
   CHECK(contains(
       error_of<deployment_spec_error>([&] { (void)parse_deployment_spec("3X", config, "h20"); }),
-      "colocated, split, reserve, or XPYD"));
+      "colocated, streams, split, reserve, or XPYD"));
   CHECK(contains(error_of<deployment_spec_error>(
                      [&] { (void)parse_deployment_spec("1P1D:sm=0.5", config, "h20"); }),
                  "unknown option 'sm'"));
@@ -1603,7 +1614,9 @@ TEST_CASE(
   CHECK(s.ttft_s.p50 > d.ttft_s.p50);
 }
 
-TEST_CASE("the planner ranks colocated, SM splits and xPyD by goodput per GPU under the SLO") {
+TEST_CASE(
+    "the planner ranks colocated, PD streams, SM splits, prefill partitions and xPyD by goodput "
+    "per GPU under the SLO") {
   const auto config = default_config();
   const auto trace = load_trace_spec(
       "synthetic:poisson:rate=3,count=120,in=600,in_cv=0.5,out=60,out_cv=0.5,seed=2");
@@ -1612,10 +1625,12 @@ TEST_CASE("the planner ranks colocated, SM splits and xPyD by goodput per GPU un
   o.gpu_budget = 3;
   o.slo = parse_slo("ttft=1s,tpot=40ms");
   o.sm_shares = {0.4, 0.6};
+  o.reserve_shares = {0.7};
   o.search_steps = 3;
   o.jobs = 2;
   const auto ranked = plan_deployments(config, trace, o);
-  REQUIRE(ranked.size() == 1 + 2 + 3);  // colocated, two splits, 1P1D, 1P2D, 2P1D
+  // colocated, streams, two splits, one partition, 1P1D, 1P2D, 2P1D
+  REQUIRE(ranked.size() == 1 + 1 + 2 + 1 + 3);
   for (size_t i = 1; i < ranked.size(); ++i)
     CHECK(ranked[i - 1].goodput_per_gpu >= ranked[i].goodput_per_gpu);
   for (const auto& e : ranked) {
@@ -1631,6 +1646,9 @@ TEST_CASE("the planner ranks colocated, SM splits and xPyD by goodput per GPU un
   const auto table = format_plan_table(ranked, o, 3.0);
   CHECK(contains(table, "colocated"));
   CHECK(contains(table, "1P2D"));
+  CHECK(contains(table, "streams"));
+  CHECK(contains(table, "reserve 70"));
+  CHECK(contains(table, "split 40/60"));
 }
 
 TEST_CASE(
@@ -1651,16 +1669,19 @@ TEST_CASE(
   CHECK(summary["runs"][0]["summary"]["completed"].get<size_t>() == 60);
   CHECK(run_duet(
             {"plan", "--trace", trace, "--gpu", "h20", "--gpus", "2", "--slo", "ttft=1s,tpot=50ms",
-             "--sm-shares", "0.5", "--out", (dir / "plan").string(), "--jobs", "2"},
+             "--sm-shares", "0.5", "--reserve-shares", "none", "--out", (dir / "plan").string(),
+             "--jobs", "2"},
             240s) == 0);
   const auto plan = nlohmann::json::parse(read_all(dir / "plan" / "summary.json"));
-  CHECK(plan["simulation"]["plan"].size() == 3);  // colocated, split 50/50, 1P1D
+  CHECK(plan["simulation"]["plan"].size() == 4);  // colocated, streams, split 50/50, 1P1D
   CHECK(fs::exists(dir / "plan" / "report.html"));
   // Bad input is exit code 2 with a message, as for config errors.
   const auto bad = (dir / "bad").string();
   CHECK(run_duet({"sim", "--trace", trace, "--out", bad, "--deployment", "4Q2D"}, 30s) == 2);
   CHECK(run_duet({"sim", "--trace", "synthetic:poisson:rat=1", "--out", bad}, 30s) == 2);
   CHECK(run_duet({"plan", "--trace", trace, "--slo", "ttft=soon"}, 30s) == 2);
+  CHECK(run_duet({"plan", "--trace", trace, "--slo", "ttft=1s", "--reserve-shares", "1.2"}, 30s) ==
+        2);
   CHECK(run_duet({"sim", "--trace", trace, "--out", bad, "--speed-spread", "0.9"}, 30s) == 2);
   fs::remove_all(dir);
 }
