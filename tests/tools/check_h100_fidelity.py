@@ -193,4 +193,13 @@ expect("conversation x4.5's TTFT P50: +24 % with 12-06e, +133 % with 12-06c",
 expect("code x0.7's ITL P50 is priced 42-45 % long by both",
        (detail_ne["code07-pd-reserve85-b256-c1024-fd"]["itl p50"],
         detail_nc["code07-pd-reserve85-b256-c1024-fd"]["itl p50"]) == (42, 45))
+# Code x0.7 on PD streams and at 0.7, predicted before they ran (docs/data/h100-serve-2026-12-06g).
+code_runs = runs("h100-serve-2026-12-06g")
+expect(f"two code runs are stored (got {len(code_runs)})", len(code_runs) == 2)
+over_g, _, detail_g = score("h100-cuda-engine-2026-12-06e.toml", code_runs)
+expect(f"12-06e misses 1 of their 8 figures (got {over_g})", over_g == 1)
+expect("that miss is PD streams' TTFT P99, +18 %",
+       detail_g["code07-pd-streams-b256-c1024-fd"]["ttft p99"] == 18
+       and all(abs(v) <= 15 for k, v in detail_g["code07-pd-reserve70-b256-c1024-fd"].items()
+               if k in ("ttft p50", "ttft p99", "itl p50", "itl p99")))
 finish()
