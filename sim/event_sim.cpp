@@ -1113,8 +1113,8 @@ class event_sim {
     const auto& cal = specs_[gpu].calibration;
     const double scale = cal.concurrent_prefill_yield_scale.at(prefill_step_tokens(running), 1.0);
     const double rest = cal.concurrent_prefill_yield.value_or(0.0);
-    const bool beside_partition = reserved_.contains(gpu) && running.spec.sm_share < 1;
-    const auto attention_yield = beside_partition && cal.reserve_prefill_attention_yield
+    const auto attention_yield = free_beside_partition(running, gpu) &&
+                                         cal.reserve_prefill_attention_yield
                                      ? cal.reserve_prefill_attention_yield
                                      : cal.concurrent_prefill_attention_yield;
     if (!attention_yield || u.engine->last_prefill().tokens > 0)
@@ -1129,9 +1129,9 @@ class event_sim {
   /// 1, on a GPU where a worker at share 1 runs too): reserve_decode_delay_scale at the SMs no
   /// partition holds. 1 otherwise.
   [[nodiscard]] double reserve_delay_scale(const unit& prefill, uint32_t gpu) const {
-    const auto it = reserved_.find(gpu);
-    if (it == reserved_.end() || prefill.spec.sm_share >= 1) return 1.0;
-    return specs_[gpu].calibration.reserve_decode_delay_scale.at(it->second, 1.0);
+    const auto free = free_beside_partition(prefill, gpu);
+    if (!free) return 1.0;
+    return specs_[gpu].calibration.reserve_decode_delay_scale.at(*free, 1.0);
   }
 
   /// The factor on the yield a prefill step on a partition (`prefill`) loses to each
@@ -1139,10 +1139,18 @@ class event_sim {
   /// holds, else the partition's share (the decode kernels spread over every SM, and the part
   /// on the free SMs costs prefill nothing). 1 on streams.
   [[nodiscard]] double reserve_yield_factor(const unit& prefill, uint32_t gpu) const {
+    const auto free = free_beside_partition(prefill, gpu);
+    if (!free) return 1.0;
+    return specs_[gpu].calibration.reserve_prefill_yield_scale.at(*free, prefill.spec.sm_share);
+  }
+
+  /// The fraction of the SMs no partition holds, when `prefill` runs on a partition of a GPU
+  /// whose decode runs on the whole of it; nothing otherwise (streams, splits).
+  [[nodiscard]] std::optional<double> free_beside_partition(const unit& prefill,
+                                                            uint32_t gpu) const {
     const auto it = reserved_.find(gpu);
-    if (it == reserved_.end() || prefill.spec.sm_share >= 1) return 1.0;
-    return specs_[gpu].calibration.reserve_prefill_yield_scale.at(it->second,
-                                                                  prefill.spec.sm_share);
+    if (it == reserved_.end() || prefill.spec.sm_share >= 1) return std::nullopt;
+    return it->second;
   }
 
   /// The tokens of the step `running` has in flight (0 when it is not a prefill step).
