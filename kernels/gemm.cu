@@ -186,6 +186,10 @@ __global__ void __launch_bounds__(st_threads, 1) stream_kernel(gemm_params p, ui
     }
     return;
   }
+  // Slot s is read only by warp s % readers (slots is a multiple of readers), so each warp meets
+  // its slots' phases in order and never waits on a phase two ahead, which the parity wait
+  // would take for the one before.
+  const uint32_t readers = min(slots, static_cast<uint32_t>(st_consumer_warps));
   uint4* xs = reinterpret_cast<uint4*>(st_smem);
   const uint32_t chunks = p.k / 8;
   for (uint32_t c = threadIdx.x; c < chunks; c += st_consumer_warps * 32) {
@@ -194,7 +198,7 @@ __global__ void __launch_bounds__(st_threads, 1) stream_kernel(gemm_params p, ui
     xs[c] = dev::pack8(x);  // exact: x is bf16 (SwiGLU's product is rounded to bf16)
   }
   asm volatile("bar.sync 1, %0;\n" ::"n"(st_consumer_warps * 32) : "memory");
-  for (uint32_t i = warp; i < rows; i += st_consumer_warps) {
+  for (uint32_t i = warp; i < rows && warp < static_cast<int>(readers); i += readers) {
     const uint32_t s = i % slots;
     dev::mbar_wait(full + 8 * s, (i / slots) & 1);
     const uint4* wr = reinterpret_cast<const uint4*>(st_smem + x_bytes + s * row_bytes);
@@ -266,11 +270,13 @@ uint32_t stream_ctas_from_env() {
 }
 
 // Row slots of a stream-kernel CTA: as many weight rows as fit beside x in its share of the
-// SM's shared memory (1 KB of each CTA's share is the system's), at most 32.
+// SM's shared memory (1 KB of each CTA's share is the system's), at most 32, and from 8 on a
+// multiple of the 8 reading warps (the kernel reads slot s from warp s % 8 only).
 uint32_t stream_slots(uint32_t k, uint32_t smem_share) {
   const uint32_t x = stream_x_bytes(k), per_slot = k * 2 + 16;
   if (smem_share <= x + 1024) return 0;
-  return std::min<uint32_t>(32, (smem_share - x - 1024) / per_slot);
+  const uint32_t fit = std::min<uint32_t>(32, (smem_share - x - 1024) / per_slot);
+  return fit >= st_consumer_warps ? fit / st_consumer_warps * st_consumer_warps : fit;
 }
 
 // DUET_GEMM_LOG=1: each tuned shape prints the heuristic's first choice and the kept one.

@@ -228,6 +228,7 @@ TEST_CASE(
       {1, 2003, 1024, false, false, true, gemm_path::automatic},
       {1, 4096, 14336, false, false, true, gemm_path::skinny},
       {1, 6144, 4096, false, false, false, gemm_path::stream},
+      {1, 8192, 4096, true, false, false, gemm_path::stream},  // every slot refilled twice
       {1, 5000, 4096, false, true, false, gemm_path::stream},
       {1, 100, 512, true, false, false, gemm_path::stream},
       {2, 4099, 14336, true, false, false, gemm_path::skinny},
