@@ -129,6 +129,16 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       : "memory");
 }
 /// Bulk copy (TMA, no tensor map) of `bytes` (a multiple of 16, both addresses 16-byte aligned)
+/// from global memory to shared memory at dst, completing its bytes on mbarrier `bar`.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+/// Bulk copy (TMA, no tensor map) of `bytes` (a multiple of 16, both addresses 16-byte aligned)
 /// from global memory to shared memory at dst, completing its bytes on mbarrier `bar`; the lines
 /// are marked evict-first in L2, as a stream read once should be.
 __device__ __forceinline__ void bulk_load_evict_first(uint32_t dst, const void* src,

@@ -144,14 +144,22 @@ __host__ __device__ constexpr uint32_t stream_x_bytes(uint32_t k) {
 }
 
 template <bool swiglu>
-__global__ void __launch_bounds__(st_threads, 1) stream_kernel(gemm_params p, uint32_t slots) {
+__global__ void __launch_bounds__(st_threads, 1)
+    stream_kernel(gemm_params p, uint32_t slots, bool interleaved, bool evict_first) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char st_smem[];
   const uint32_t row_bytes = p.k * 2, x_bytes = stream_x_bytes(p.k);
   const uint32_t ring = dev::smem_addr(st_smem) + x_bytes;
   const uint32_t full = ring + slots * row_bytes, empty = full + 8 * slots;
-  const uint32_t r0 = static_cast<uint32_t>(uint64_t{p.n} * blockIdx.x / gridDim.x);
-  const uint32_t rows = static_cast<uint32_t>(uint64_t{p.n} * (blockIdx.x + 1) / gridDim.x) - r0;
+  // Rows blockIdx.x, + gridDim.x, ... (interleaved: the SMs stream neighbouring rows at any
+  // moment) or one contiguous range per CTA.
+  uint32_t r0 = blockIdx.x, stride = gridDim.x;
+  uint32_t rows = (p.n - blockIdx.x + gridDim.x - 1) / gridDim.x;
+  if (!interleaved) {
+    r0 = static_cast<uint32_t>(uint64_t{p.n} * blockIdx.x / gridDim.x);
+    rows = static_cast<uint32_t>(uint64_t{p.n} * (blockIdx.x + 1) / gridDim.x) - r0;
+    stride = 1;
+  }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const bool producer = warp == st_consumer_warps && lane == 0;
   if (threadIdx.x == 0) {
@@ -162,12 +170,15 @@ __global__ void __launch_bounds__(st_threads, 1) stream_kernel(gemm_params p, ui
     dev::mbar_init_fence();
   }
   __syncthreads();
-  const uint16_t* w0 = p.w + uint64_t{r0} * p.k;
   auto request = [&](uint32_t i) {
     const uint32_t bar = full + 8 * (i % slots);
+    const uint16_t* row = p.w + (uint64_t{r0} + uint64_t{i} * stride) * p.k;
     dev::mbar_arrive_expect_tx(bar, row_bytes);
-    dev::bulk_load_evict_first(ring + (i % slots) * row_bytes, w0 + uint64_t{i} * p.k, row_bytes,
-                               bar);
+    if (evict_first) {
+      dev::bulk_load_evict_first(ring + (i % slots) * row_bytes, row, row_bytes, bar);
+    } else {
+      dev::bulk_load(ring + (i % slots) * row_bytes, row, row_bytes, bar);
+    }
   };
   const uint32_t first = min(rows, slots);
   if (producer && p.w_static) {
@@ -214,10 +225,11 @@ __global__ void __launch_bounds__(st_threads, 1) stream_kernel(gemm_params p, ui
         acc1 = fmaf(x[e + 1], w[e + 1], acc1);
       }
     }
-    const float v = dev::warp_sum(acc0 + acc1);  // the shuffles also order the slot's reads
+    const float v = dev::warp_sum(acc0 + acc1);
+    __syncwarp();  // every lane's reads of the slot before its release
     if (lane == 0) {
       dev::mbar_arrive(empty + 8 * s);
-      const uint32_t n = r0 + i;
+      const uint32_t n = r0 + i * stride;
       const float out = p.bias ? v + dev::bf(p.bias[n]) : v;
       if (p.y_fp32) {
         static_cast<float*>(p.y)[n] = out;
@@ -255,6 +267,11 @@ constexpr uint32_t weight_streaming_max_rows = 256;
 bool skinny_from_env() {
   const char* v = std::getenv("DUET_GEMM_SKINNY");
   return !(v && std::strcmp(v, "0") == 0);
+}
+
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v && std::strcmp(v, value) == 0;
 }
 
 // DUET_GEMV=skinny or stream: the kernel the automatic path takes for m = 1.
@@ -594,7 +611,10 @@ kstatus gemm_runner::run(const gemm_params& p, cudaStream_t stream, gemm_path pa
     }
     static const uint32_t ctas = stream_ctas_from_env();
     const uint32_t grid = std::min<uint32_t>(p.n, impl_->sm_count * ctas);
-    DUET_KCHECK(launch(kernel, dim3(grid), dim3(st_threads), smem, stream, p, slots));
+    static const bool interleaved = env_is("DUET_GEMV_STREAM_ORDER", "blocked") ? false : true;
+    static const bool evict_first = !env_is("DUET_GEMV_STREAM_HINT", "0");
+    DUET_KCHECK(launch(kernel, dim3(grid), dim3(st_threads), smem, stream, p, slots, interleaved,
+                       evict_first));
     return {};
   }
   if (path == gemm_path::skinny) {
