@@ -276,11 +276,6 @@ int main(int argc, char** argv) {
         const double sk = burst_ms([&] { cold(k::gemm_path::skinny); });
         kr[std::string("gemv_") + s.name + "_cublaslt_TBps"] = s.n * s.k * 2 / lt / 1e9;
         kr[std::string("gemv_") + s.name + "_skinny_TBps"] = s.n * s.k * 2 / sk / 1e9;
-        double st = 0;
-        if (runner.stream_slots_for(g) > 0) {
-          st = burst_ms([&] { cold(k::gemm_path::stream); });
-          kr[std::string("gemv_") + s.name + "_stream_TBps"] = s.n * s.k * 2 / st / 1e9;
-        }
         g.m = 4;
         const double sk4 = burst_ms([&] { cold(k::gemm_path::skinny); });
         kr[std::string("gemm_M4_") + s.name + "_skinny_TBps"] = s.n * s.k * 2 / sk4 / 1e9;
@@ -300,9 +295,8 @@ int main(int argc, char** argv) {
         }
         std::printf(
             "gemm %-8s M=8192 %4.0f TFLOP/s | TB/s over the weight: M=1 cuBLASLt %.2f skinny %.2f "
-            "stream %.2f | M=4 skinny %.2f | cuBLASLt%s\n",
+            "| M=4 skinny %.2f | cuBLASLt%s\n",
             s.name, f / ms / 1e9, s.n * s.k * 2 / lt / 1e9, s.n * s.k * 2 / sk / 1e9,
-            st > 0 ? s.n * s.k * 2 / st / 1e9 : 0.0,
             s.n * s.k * 2 / sk4 / 1e9, lt_line.c_str());
       }
       kr["gemm_small_m_weights_rotated_past_L2"] = true;
@@ -599,7 +593,6 @@ int main(int argc, char** argv) {
     report["attention_variant"] =
         std::getenv("DUET_CUDA_ATTN_VARIANT") ? std::getenv("DUET_CUDA_ATTN_VARIANT") : "0";
     report["skinny_gemm"] = k::gemm_skinny_enabled();
-    report["gemv_stream"] = k::gemm_stream_preferred();
     std::ofstream(out_file) << report.dump(1) << "\n";
     return 0;
   } catch (const std::exception& e) {

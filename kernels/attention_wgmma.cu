@@ -94,7 +94,29 @@ __device__ __forceinline__ void fence_regs(uint32_t (&a)[8][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
 }
 
-// TMA (variant 5); its mbarriers are dev::mbar_* (device_util.cuh).
+// mbarriers and TMA (variant 5).
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+/// Spins until the phase of `bar` with this parity has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait_again:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_again;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
 /// TMA: the box at (column c0, row c1) of the tensor `map` into shared memory at dst, completing
 /// its bytes on mbarrier `bar`.
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
@@ -395,10 +417,10 @@ __global__ void __launch_bounds__(consumer_threads + producer_threads, 1)
   const int n_tiles = w.n_tiles();
   if (tid == 0) {
     for (int s = 0; s < stages; ++s) {
-      dev::mbar_init(full + 8 * s, 1);                       // the producer's expect_tx arrival
-      dev::mbar_init(empty + 8 * s, consumer_threads / 32);  // one arrival per consumer warp
+      mbar_init(full + 8 * s, 1);                       // the producer's expect_tx arrival
+      mbar_init(empty + 8 * s, consumer_threads / 32);  // one arrival per consumer warp
     }
-    dev::mbar_init_fence();
+    mbar_init_fence();
   }
   if (tid < consumer_threads) load_q(p, w, q_s, tid);
   dev::cp_async_wait<0>();
@@ -417,8 +439,8 @@ __global__ void __launch_bounds__(consumer_threads + producer_threads, 1)
     int32_t block = block_at(0);
     for (int j = 0; j < n_tiles; ++j) {
       const int s = j % stages;
-      if (j >= stages) dev::mbar_wait(empty + 8 * s, static_cast<uint32_t>((j / stages - 1) & 1));
-      if (lane == 0) dev::mbar_arrive_expect_tx(full + 8 * s, stage_bytes);
+      if (j >= stages) mbar_wait(empty + 8 * s, static_cast<uint32_t>((j / stages - 1) & 1));
+      if (lane == 0) mbar_arrive_expect_tx(full + 8 * s, stage_bytes);
       __syncwarp();
       const int32_t next = j + 1 < n_tiles ? block_at(j + 1) : 0;
       if (lane < tile_blocks) {
@@ -449,7 +471,7 @@ __global__ void __launch_bounds__(consumer_threads + producer_threads, 1)
   if (PingPong && wg == 1) turn_pass(wg);
   for (int j = 0; j < n_tiles; ++j) {
     const int s = j % stages;
-    dev::mbar_wait(full + 8 * s, static_cast<uint32_t>((j / stages) & 1));
+    mbar_wait(full + 8 * s, static_cast<uint32_t>((j / stages) & 1));
     const int key0 = j * tile_keys;
     const uint32_t k_t = kv_s + static_cast<uint32_t>(s * stage_bytes);
     const bool pass = PingPong && (wg == 0 || j + 1 < n_tiles);
@@ -460,7 +482,7 @@ __global__ void __launch_bounds__(consumer_threads + producer_threads, 1)
       turn_pass(wg);
     }
     __syncwarp();
-    if (lane == 0) dev::mbar_arrive(empty + 8 * s);  // this warp is done reading stage s
+    if (lane == 0) mbar_arrive(empty + 8 * s);  // this warp is done reading stage s
   }
   store_rows(p, w, st, warp, lane);
 #else

@@ -1,7 +1,6 @@
 #pragma once
 // Device helpers shared by the kernel families (included by .cu files only): bf16 packing,
-// 16-byte vectors, warp reductions, cp.async, ldmatrix, the bf16 mma.sync tile, and (sm_90)
-// mbarriers and bulk copies.
+// 16-byte vectors, warp reductions, cp.async, ldmatrix and the bf16 mma.sync tile.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -102,54 +101,6 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
 /// at chunk c ^ (r & 7): ldmatrix over 8 rows of one logical chunk touches 8 distinct bank groups.
 __device__ __forceinline__ int swz(int row, int chunk) {
   return row * 128 + ((chunk ^ (row & 7)) << 3);
-}
-
-// --------------------------------------------------------------- mbarriers, bulk copies (sm_90)
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_init_fence() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-/// Spins until the phase of `bar` with this parity has completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nwait_again:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_again;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-/// Bulk copy (TMA, no tensor map) of `bytes` (a multiple of 16, both addresses 16-byte aligned)
-/// from global memory to shared memory at dst, completing its bytes on mbarrier `bar`.
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
-                                          uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-}
-/// Bulk copy (TMA, no tensor map) of `bytes` (a multiple of 16, both addresses 16-byte aligned)
-/// from global memory to shared memory at dst, completing its bytes on mbarrier `bar`; the lines
-/// are marked evict-first in L2, as a stream read once should be.
-__device__ __forceinline__ void bulk_load_evict_first(uint32_t dst, const void* src,
-                                                      uint32_t bytes, uint32_t bar) {
-  asm volatile(
-      "{\n.reg .b64 policy;\n"
-      "createpolicy.fractional.L2::evict_first.b64 policy, 1.0;\n"
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
-      "[%0], [%1], %2, [%3], policy;\n}\n" ::"r"(dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
 }
 
 }  // namespace duet::kernels::dev

@@ -124,123 +124,6 @@ __global__ void __launch_bounds__(sk_threads) skinny_kernel(gemm_params p) {
   }
 }
 
-// ------------------------------------------------------------------------------ stream kernel
-//
-// m = 1 on Hopper (gemm_path::stream): one CTA per SM streams a contiguous range of w's rows
-// through a ring of row-sized shared-memory slots. A producer warp keeps every slot in flight
-// with bulk copies (TMA) onto per-slot mbarriers and refills a slot as soon as its consumer warp
-// is done with it; eight consumer warps take one row at a time against x, staged once in shared
-// memory (SwiGLU applied there). The skinny kernel's CTAs come in waves that request all their
-// rows at once and then drain together, which leaves the narrow weights (n <= 6,144) at 2.0-2.5
-// TB/s; here each SM's stream runs without gaps until its last row. The first `slots` rows are
-// requested before the PDL wait.
-
-constexpr int st_consumer_warps = 8;
-constexpr int st_threads = (st_consumer_warps + 1) * 32;
-
-// Bytes of shared memory before the ring: x, rounded so the slots stay 128-byte aligned.
-__host__ __device__ constexpr uint32_t stream_x_bytes(uint32_t k) {
-  return (k * 2 + 127) & ~127u;
-}
-
-template <bool swiglu>
-__global__ void __launch_bounds__(st_threads, 1)
-    stream_kernel(gemm_params p, uint32_t slots, bool interleaved, bool evict_first) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  extern __shared__ __align__(128) unsigned char st_smem[];
-  const uint32_t row_bytes = p.k * 2, x_bytes = stream_x_bytes(p.k);
-  const uint32_t ring = dev::smem_addr(st_smem) + x_bytes;
-  const uint32_t full = ring + slots * row_bytes, empty = full + 8 * slots;
-  // Rows blockIdx.x, + gridDim.x, ... (interleaved: the SMs stream neighbouring rows at any
-  // moment) or one contiguous range per CTA.
-  uint32_t r0 = blockIdx.x, stride = gridDim.x;
-  uint32_t rows = (p.n - blockIdx.x + gridDim.x - 1) / gridDim.x;
-  if (!interleaved) {
-    r0 = static_cast<uint32_t>(uint64_t{p.n} * blockIdx.x / gridDim.x);
-    rows = static_cast<uint32_t>(uint64_t{p.n} * (blockIdx.x + 1) / gridDim.x) - r0;
-    stride = 1;
-  }
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const bool producer = warp == st_consumer_warps && lane == 0;
-  if (threadIdx.x == 0) {
-    for (uint32_t s = 0; s < slots; ++s) {
-      dev::mbar_init(full + 8 * s, 1);   // the producer's expect_tx arrival
-      dev::mbar_init(empty + 8 * s, 1);  // the consumer warp's arrival
-    }
-    dev::mbar_init_fence();
-  }
-  __syncthreads();
-  auto request = [&](uint32_t i) {
-    const uint32_t bar = full + 8 * (i % slots);
-    const uint16_t* row = p.w + (uint64_t{r0} + uint64_t{i} * stride) * p.k;
-    dev::mbar_arrive_expect_tx(bar, row_bytes);
-    if (evict_first) {
-      dev::bulk_load_evict_first(ring + (i % slots) * row_bytes, row, row_bytes, bar);
-    } else {
-      dev::bulk_load(ring + (i % slots) * row_bytes, row, row_bytes, bar);
-    }
-  };
-  const uint32_t first = min(rows, slots);
-  if (producer && p.w_static) {
-    for (uint32_t i = 0; i < first; ++i) request(i);
-  }
-  dev::pdl_wait();
-  dev::pdl_launch_dependents();
-  if (warp == st_consumer_warps) {
-    if (!producer) return;
-    if (!p.w_static) {
-      for (uint32_t i = 0; i < first; ++i) request(i);
-    }
-    for (uint32_t i = slots; i < rows; ++i) {
-      dev::mbar_wait(empty + 8 * (i % slots), (i / slots - 1) & 1);
-      request(i);
-    }
-    return;
-  }
-  // Slot s is read only by warp s % readers (slots is a multiple of readers), so each warp meets
-  // its slots' phases in order and never waits on a phase two ahead, which the parity wait
-  // would take for the one before.
-  const uint32_t readers = min(slots, static_cast<uint32_t>(st_consumer_warps));
-  uint4* xs = reinterpret_cast<uint4*>(st_smem);
-  const uint32_t chunks = p.k / 8;
-  for (uint32_t c = threadIdx.x; c < chunks; c += st_consumer_warps * 32) {
-    float x[8];
-    x_chunk<swiglu>(p, 0, c, x);
-    xs[c] = dev::pack8(x);  // exact: x is bf16 (SwiGLU's product is rounded to bf16)
-  }
-  asm volatile("bar.sync 1, %0;\n" ::"n"(st_consumer_warps * 32) : "memory");
-  for (uint32_t i = warp; i < rows && warp < static_cast<int>(readers); i += readers) {
-    const uint32_t s = i % slots;
-    dev::mbar_wait(full + 8 * s, (i / slots) & 1);
-    const uint4* wr = reinterpret_cast<const uint4*>(st_smem + x_bytes + s * row_bytes);
-    float acc0 = 0.0f, acc1 = 0.0f;
-#pragma unroll 4
-    for (uint32_t c = lane; c < chunks; c += 32) {
-      float w[8], x[8];
-      dev::unpack8(wr[c], w);
-      dev::unpack8(xs[c], x);
-#pragma unroll
-      for (int e = 0; e < 8; e += 2) {
-        acc0 = fmaf(x[e], w[e], acc0);
-        acc1 = fmaf(x[e + 1], w[e + 1], acc1);
-      }
-    }
-    const float v = dev::warp_sum(acc0 + acc1);
-    __syncwarp();  // every lane's reads of the slot before its release
-    if (lane == 0) {
-      dev::mbar_arrive(empty + 8 * s);
-      const uint32_t n = r0 + i * stride;
-      const float out = p.bias ? v + dev::bf(p.bias[n]) : v;
-      if (p.y_fp32) {
-        static_cast<float*>(p.y)[n] = out;
-      } else {
-        static_cast<uint16_t*>(p.y)[n] = dev::to_bf(out);
-      }
-    }
-  }
-#endif
-}
-
 // ------------------------------------------------------------------------------------ cuBLASLt
 
 #define DUET_LT(call)                                              \
@@ -267,33 +150,6 @@ constexpr uint32_t weight_streaming_max_rows = 256;
 bool skinny_from_env() {
   const char* v = std::getenv("DUET_GEMM_SKINNY");
   return !(v && std::strcmp(v, "0") == 0);
-}
-
-bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v && std::strcmp(v, value) == 0;
-}
-
-// DUET_GEMV=skinny or stream: the kernel the automatic path takes for m = 1.
-bool stream_from_env() {
-  const char* v = std::getenv("DUET_GEMV");
-  return v && std::strcmp(v, "stream") == 0;
-}
-
-// DUET_GEMV_STREAM_CTAS (1 or 2): stream-kernel CTAs per SM, sharing its shared memory.
-uint32_t stream_ctas_from_env() {
-  const char* v = std::getenv("DUET_GEMV_STREAM_CTAS");
-  return v && std::strcmp(v, "2") == 0 ? 2 : 1;
-}
-
-// Row slots of a stream-kernel CTA: as many weight rows as fit beside x in its share of the
-// SM's shared memory (1 KB of each CTA's share is the system's), at most 32, and from 8 on a
-// multiple of the 8 reading warps (the kernel reads slot s from warp s % 8 only).
-uint32_t stream_slots(uint32_t k, uint32_t smem_share) {
-  const uint32_t x = stream_x_bytes(k), per_slot = k * 2 + 16;
-  if (smem_share <= x + 1024) return 0;
-  const uint32_t fit = std::min<uint32_t>(32, (smem_share - x - 1024) / per_slot);
-  return fit >= st_consumer_warps ? fit / st_consumer_warps * st_consumer_warps : fit;
 }
 
 // DUET_GEMM_LOG=1: each tuned shape prints the heuristic's first choice and the kept one.
@@ -364,10 +220,6 @@ struct gemm_runner::impl {
   void* workspace = nullptr;
   uint64_t workspace_bytes = 0;
   std::map<plan_key, plan> plans;
-  // The device, as the stream kernel needs it (init() reads it).
-  int sm_count = 0, cc_major = 0;
-  uint32_t smem_per_sm = 0, smem_per_block = 0;
-  bool stream_smem_set[2] = {false, false};  // the attribute, per instantiation (swiglu or not)
 
   ~impl() {
     for (auto& [key, pl] : plans) {
@@ -528,34 +380,10 @@ bool gemm_skinny_enabled() {
   return enabled;
 }
 
-bool gemm_stream_preferred() {
-  static const bool preferred = stream_from_env();
-  return preferred;
-}
-
-uint32_t gemm_runner::stream_slots_for(const gemm_params& p) const {
-  if (impl_->cc_major < 9 || p.m != 1 || reinterpret_cast<uintptr_t>(p.w) % 16 != 0) return 0;
-  static const uint32_t ctas = stream_ctas_from_env();
-  const uint32_t share = std::min(impl_->smem_per_block + 1024, impl_->smem_per_sm / ctas);
-  const uint32_t slots = stream_slots(p.k, share);
-  return slots >= 2 ? slots : 0;
-}
-
 gemm_runner::gemm_runner() : impl_(std::make_unique<impl>()) {}
 gemm_runner::~gemm_runner() = default;
 
-kstatus gemm_runner::init(uint64_t workspace_bytes, uint32_t sm_count) {
-  int device = 0, smem_sm = 0, smem_block = 0;
-  DUET_KCHECK(cudaGetDevice(&device));
-  DUET_KCHECK(cudaDeviceGetAttribute(&impl_->sm_count, cudaDevAttrMultiProcessorCount, device));
-  DUET_KCHECK(cudaDeviceGetAttribute(&impl_->cc_major, cudaDevAttrComputeCapabilityMajor, device));
-  DUET_KCHECK(
-      cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
-  DUET_KCHECK(
-      cudaDeviceGetAttribute(&smem_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  impl_->smem_per_sm = static_cast<uint32_t>(smem_sm);
-  impl_->smem_per_block = static_cast<uint32_t>(smem_block);
-  if (sm_count > 0) impl_->sm_count = std::min(impl_->sm_count, static_cast<int>(sm_count));
+kstatus gemm_runner::init(uint64_t workspace_bytes) {
   DUET_LT(cublasLtCreate(&impl_->handle));
   DUET_KCHECK(cudaMalloc(&impl_->workspace, workspace_bytes));
   impl_->workspace_bytes = workspace_bytes;
@@ -593,29 +421,6 @@ kstatus gemm_runner::run(const gemm_params& p, cudaStream_t stream, gemm_path pa
     // against 1.7-3.3).
     path = (p.x_swiglu || (p.m == 1 && gemm_skinny_enabled())) ? gemm_path::skinny
                                                                : gemm_path::cublaslt;
-    if (path == gemm_path::skinny && gemm_stream_preferred() && stream_slots_for(p) > 0)
-      path = gemm_path::stream;
-  }
-  if (path == gemm_path::stream) {
-    const uint32_t slots = stream_slots_for(p);
-    DUET_KREQUIRE(slots > 0,
-                  "gemm: the stream path takes m = 1, a 16-byte aligned w and compute capability "
-                  "9.0, with room for two rows of w");
-    const uint32_t smem = stream_x_bytes(p.k) + slots * (p.k * 2 + 16);
-    const bool swiglu = p.x_swiglu;
-    auto* kernel = swiglu ? stream_kernel<true> : stream_kernel<false>;
-    if (!impl_->stream_smem_set[swiglu]) {
-      DUET_KCHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(impl_->smem_per_block)));
-      impl_->stream_smem_set[swiglu] = true;
-    }
-    static const uint32_t ctas = stream_ctas_from_env();
-    const uint32_t grid = std::min<uint32_t>(p.n, impl_->sm_count * ctas);
-    static const bool interleaved = env_is("DUET_GEMV_STREAM_ORDER", "blocked") ? false : true;
-    static const bool evict_first = !env_is("DUET_GEMV_STREAM_HINT", "0");
-    DUET_KCHECK(launch(kernel, dim3(grid), dim3(st_threads), smem, stream, p, slots, interleaved,
-                       evict_first));
-    return {};
   }
   if (path == gemm_path::skinny) {
     DUET_KREQUIRE(p.m <= gemm_skinny_max_rows,

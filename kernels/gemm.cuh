@@ -20,9 +20,6 @@ inline constexpr uint32_t gemm_skinny_max_rows = 4;
 /// Whether the automatic path may pick the skinny kernel for m = 1 (DUET_GEMM_SKINNY=0 turns it
 /// off).
 [[nodiscard]] bool gemm_skinny_enabled();
-/// Whether the automatic path takes the stream kernel instead of the skinny one for m = 1 where
-/// it can run (DUET_GEMV=stream).
-[[nodiscard]] bool gemm_stream_preferred();
 
 struct gemm_params {
   const uint16_t* x =
@@ -42,9 +39,7 @@ struct gemm_params {
   bool w_static = false;
 };
 
-// stream: m = 1 only, compute capability 9.0, w 16-byte aligned; one CTA per SM streams its rows
-// of w through shared memory (bulk copies), SwiGLU input and bias as the skinny path.
-enum class gemm_path : uint8_t { automatic, cublaslt, skinny, stream };
+enum class gemm_path : uint8_t { automatic, cublaslt, skinny };
 
 /// One cuBLASLt handle, its workspace and the per-shape plans; one per stream owner.
 class gemm_runner {
@@ -54,9 +49,8 @@ class gemm_runner {
   gemm_runner(const gemm_runner&) = delete;
   gemm_runner& operator=(const gemm_runner&) = delete;
 
-  /// Creates the handle and a workspace on the current device. sm_count: the SMs its launches
-  /// get (a green context's share, which sizes the stream kernel's grid); 0: the device's.
-  kstatus init(uint64_t workspace_bytes = 32ull << 20, uint32_t sm_count = 0);
+  /// Creates the handle and a workspace on the current device.
+  kstatus init(uint64_t workspace_bytes = 32ull << 20);
   /// automatic: skinny for m = 1 (unless disabled) or whenever x_swiglu, cuBLASLt otherwise;
   /// skinny takes m <= gemm_skinny_max_rows when asked for.
   kstatus run(const gemm_params& p, cudaStream_t stream, gemm_path path = gemm_path::automatic);
@@ -64,9 +58,6 @@ class gemm_runner {
   /// compute the same GEMM, which the tests check.
   [[nodiscard]] kstatus candidates(const gemm_params& p, std::size_t& count);
   kstatus run_candidate(const gemm_params& p, std::size_t index, cudaStream_t stream);
-  /// Rows of w a stream-kernel CTA keeps in flight for this GEMM; 0 where the stream path cannot
-  /// take it.
-  [[nodiscard]] uint32_t stream_slots_for(const gemm_params& p) const;
 
  private:
   struct impl;

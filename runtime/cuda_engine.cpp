@@ -694,7 +694,7 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
   }
 
   device_buffers& b = *buf_;
-  kcheck(b.gemm.init(32ull << 20, static_cast<uint32_t>(sm_count_)));
+  kcheck(b.gemm.init());
   b.max_rows = std::max(params_.prefill_tokens, params_.max_batch);
   const uint32_t max_seqs =
       std::max(params_.max_batch, std::min<uint32_t>(params_.prefill_tokens, 256));
