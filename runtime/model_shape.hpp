@@ -121,10 +121,16 @@ struct gpu_calibration {
   // on the delay above. Those SMs are decode's alone, so its kernels start there without
   // waiting for a prefill block to retire (empty: 1, as on streams; docs/sim.md).
   efficiency_curve reserve_decode_delay_scale;
+  // x: the decode step's rows; a further factor on that delay beside a partition (empty: 1).
+  // Fitted on H100 runs: a step of 2-3 rows (the code trace) was delayed about 0.6 times as
+  // much as one of 28-63 rows (conversation) at the same share (docs/sim.md).
+  efficiency_curve reserve_decode_delay_batch_scale;
   // ... and the factor on the yield the prefill engine on the partition loses to each decode
   // step (the result at most the whole step; empty: the partition's share, as if the decode
   // kernels spread evenly over every SM).
   efficiency_curve reserve_prefill_yield_scale;
+  // x: the decode step's rows; a further factor on that yield (empty: 1).
+  efficiency_curve reserve_prefill_yield_batch_scale;
   // ... and, beside such a partition, the fraction of a decode step's attention time the prefill
   // loses, in place of concurrent_prefill_attention_yield (before the factor above): the
   // attention's blocks fill the SMs no partition holds first, so less of them wait for the

@@ -939,7 +939,7 @@ class event_sim {
       double delay = cal.concurrent_decode_delay_s.value_or(0.0) * 1e9 *
                      chunk_delay_factor(running, tl.gpu) *
                      cal.concurrent_decode_delay_scale.at(prefill_step_tokens(running), 1.0) *
-                     reserve_delay_scale(running, tl.gpu);
+                     reserve_delay_scale(running, u, tl.gpu);
       if (cal.concurrent_decode_delay_by_overlap.value_or(false)) {
         // The step's kernels wait behind the prefill blocks only while the prefill step runs:
         // one that ends partway through this step delays it by that part of the delay.
@@ -1046,12 +1046,12 @@ class event_sim {
       const double delay = cal.concurrent_decode_delay_s.value_or(0.0) * 1e9 *
                            chunk_delay_factor(u, tl.gpu) *
                            cal.concurrent_decode_delay_scale.at(prefill_step_tokens(u), 1.0) *
-                           reserve_delay_scale(u, tl.gpu);
+                           reserve_delay_scale(u, decode, tl.gpu);
       other.step_end +=
           static_cast<int64_t>(delay * static_cast<double>(left) / static_cast<double>(whole));
       push({other.step_end, event_kind::step_done, false, t, ++other.generation});
       added += static_cast<int64_t>(std::min(1.0, decode_yield(decode, u, tl.gpu) *
-                                                      reserve_yield_factor(u, tl.gpu)) *
+                                                      reserve_yield_factor(u, decode, tl.gpu)) *
                                     static_cast<double>(left));
     }
     return added;
@@ -1093,7 +1093,7 @@ class event_sim {
       if (!running.prefill || !running.spec.own_stream || (running.spec.sm_share < 1 && !reserve))
         continue;
       const double yield =
-          std::min(1.0, decode_yield(u, running, tl.gpu) * reserve_yield_factor(running, tl.gpu));
+          std::min(1.0, decode_yield(u, running, tl.gpu) * reserve_yield_factor(running, u, tl.gpu));
       if (yield <= 0) continue;
       other.step_end += static_cast<int64_t>(yield * static_cast<double>(decode_ns));
       push({other.step_end, event_kind::step_done, false, t, ++other.generation});
@@ -1125,23 +1125,30 @@ class event_sim {
     return std::min(1.0, (rest + (*attention_yield - rest) * a) * scale);
   }
 
-  /// A whole-GPU decode step beside a prefill step on a partition (`prefill` on a share below
-  /// 1, on a GPU where a worker at share 1 runs too): reserve_decode_delay_scale at the SMs no
-  /// partition holds. 1 otherwise.
-  [[nodiscard]] double reserve_delay_scale(const unit& prefill, uint32_t gpu) const {
+  /// A whole-GPU decode step of `decode` beside a prefill step on a partition (`prefill` on a
+  /// share below 1, on a GPU where a worker at share 1 runs too): reserve_decode_delay_scale at
+  /// the SMs no partition holds, times reserve_decode_delay_batch_scale at the step's rows.
+  /// 1 otherwise.
+  [[nodiscard]] double reserve_delay_scale(const unit& prefill, const unit& decode,
+                                           uint32_t gpu) const {
     const auto free = free_beside_partition(prefill, gpu);
     if (!free) return 1.0;
-    return specs_[gpu].calibration.reserve_decode_delay_scale.at(*free, 1.0);
+    const auto& cal = specs_[gpu].calibration;
+    return cal.reserve_decode_delay_scale.at(*free, 1.0) *
+           cal.reserve_decode_delay_batch_scale.at(decode.engine->last_decode().batch, 1.0);
   }
 
   /// The factor on the yield a prefill step on a partition (`prefill`) loses to each
   /// whole-GPU decode step beside it: reserve_prefill_yield_scale at the SMs no partition
   /// holds, else the partition's share (the decode kernels spread over every SM, and the part
   /// on the free SMs costs prefill nothing). 1 on streams.
-  [[nodiscard]] double reserve_yield_factor(const unit& prefill, uint32_t gpu) const {
+  [[nodiscard]] double reserve_yield_factor(const unit& prefill, const unit& decode,
+                                            uint32_t gpu) const {
     const auto free = free_beside_partition(prefill, gpu);
     if (!free) return 1.0;
-    return specs_[gpu].calibration.reserve_prefill_yield_scale.at(*free, prefill.spec.sm_share);
+    const auto& cal = specs_[gpu].calibration;
+    return cal.reserve_prefill_yield_scale.at(*free, prefill.spec.sm_share) *
+           cal.reserve_prefill_yield_batch_scale.at(decode.engine->last_decode().batch, 1.0);
   }
 
   /// The fraction of the SMs no partition holds, when `prefill` runs on a partition of a GPU
