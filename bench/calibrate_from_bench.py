@@ -46,7 +46,8 @@ SERVING_KEYS = ("step_overhead_s", "decode_sequence_overhead_s", "split_bandwidt
                 "concurrent_prefill_attention_yield", "concurrent_prefill_yield_scale",
                 "concurrent_decode_delay_scale", "concurrent_decode_slowdown_scale", "shared_prefill_delay_s",
                 "prefill_memory", "split_decode_slowdown", "split_prefill_slowdown", "front_end_s",
-                "reserve_decode_delay_scale", "reserve_prefill_yield_scale", "reserve_prefill_attention_yield")
+                "reserve_decode_delay_scale", "reserve_decode_delay_batch_scale", "reserve_prefill_yield_scale",
+                "reserve_prefill_yield_batch_scale", "reserve_prefill_attention_yield")
 
 
 def gpu_spec(name):

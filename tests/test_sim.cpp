@@ -915,6 +915,58 @@ TEST_CASE(
                        std::invalid_argument);
 }
 
+TEST_CASE(
+    "beside a prefill partition the decode delay and the prefill's yield scale by the decode "
+    "step's rows, and streams ignore both keys") {
+  auto streams_config = one_gpu_own_streams();
+  auto reserve_config = one_gpu_own_streams();
+  for (auto& a : reserve_config.nodes[0].actors) {
+    if (a.role == actor_role::prefill) a.sm_share = 0.75;
+  }
+  const auto streams = deployment_from_config(streams_config);
+  const auto reserve = deployment_from_config(reserve_config);
+  // Few requests at a time: decode steps of 1-3 rows, each beside a prefill chunk.
+  const auto trace =
+      load_trace_spec("synthetic:poisson:rate=2,duration=30,in=2000,out=100,seed=11");
+  gpu_calibration cal;
+  cal.concurrent_decode_delay_s = 0.02;
+  cal.concurrent_prefill_yield = 0.6;
+  sim_options plain;
+  plain.calibrations[streams.gpus[0].type] = cal;
+  sim_options small_rows = plain;  // steps of up to 4 rows: half the delay, half the yield
+  auto& scaled = small_rows.calibrations[streams.gpus[0].type];
+  scaled.reserve_decode_delay_batch_scale.points = {{4, 0.5}, {64, 1}};
+  scaled.reserve_prefill_yield_batch_scale.points = {{4, 0.5}, {64, 1}};
+  sim_options large_rows = plain;  // the same keys from 64 rows on: these steps are far below
+  auto& flat = large_rows.calibrations[streams.gpus[0].type];
+  flat.reserve_decode_delay_batch_scale.points = {{64, 1}, {128, 0.5}};
+  flat.reserve_prefill_yield_batch_scale.points = {{64, 1}, {128, 0.5}};
+  auto simulate = [&](const auto& config, const auto& deployment, const sim_options& o) {
+    const auto r = summarize(run_simulation(config, deployment, trace, o).records);
+    REQUIRE(r.completed == trace.size());
+    return r;
+  };
+  const auto unscaled = simulate(reserve_config, reserve, plain);
+  const auto halved = simulate(reserve_config, reserve, small_rows);
+  const auto untouched = simulate(reserve_config, reserve, large_rows);
+  MESSAGE("beside the partition, ITL max / TTFT P50 ms: unscaled "
+          << unscaled.itl_s.max * 1e3 << " / " << unscaled.ttft_s.p50 * 1e3 << ", halved "
+          << halved.itl_s.max * 1e3 << " / " << halved.ttft_s.p50 * 1e3);
+  // A step beside a chunk waits the whole 20 ms unscaled, half of it at these rows.
+  CHECK(unscaled.itl_s.max >= 0.02);
+  CHECK(halved.itl_s.max < unscaled.itl_s.max - 0.008);
+  // The prefill loses less of each decode step: first tokens come sooner.
+  CHECK(halved.ttft_s.p50 < unscaled.ttft_s.p50);
+  // The curves' value at these rows is what counts: flat at 1 below 64 rows, nothing moves.
+  CHECK(untouched.itl_s.max == Approx(unscaled.itl_s.max));
+  CHECK(untouched.ttft_s.p50 == Approx(unscaled.ttft_s.p50));
+  // On streams the keys change nothing.
+  const auto streams_plain = simulate(streams_config, streams, plain);
+  const auto streams_scaled = simulate(streams_config, streams, small_rows);
+  CHECK(streams_scaled.itl_s.max == Approx(streams_plain.itl_s.max));
+  CHECK(streams_scaled.ttft_s.p50 == Approx(streams_plain.ttft_s.p50));
+}
+
 TEST_CASE("a decode step waits out the delay beside a prefill step only for the part they overlap") {
   auto config = one_gpu_own_streams();
   const auto own = deployment_from_config(config);

@@ -204,4 +204,32 @@ expect(f"12-06e misses 1 of their 8 figures (got {over_g})", over_g == 1)
 expect("that miss is PD streams' TTFT P99, +18 %",
        detail_g["code07-pd-streams-b256-c1024-fd"]["ttft p99"] == 18
        and worst({"r": detail_g["code07-pd-reserve70-b256-c1024-fd"]}) <= 15)
+# 12-06h scales the partition keys by the decode step's rows, fitted on all twelve partition runs
+# above; docs/data/h100-serve-2026-12-06h has two it had not seen, predicted before they ran.
+fit_h = fit_e + new_runs + [r for r in code_runs if "reserve" in r]
+expect(f"twelve partition runs to fit on (got {len(fit_h)})", len(fit_h) == 12)
+over_fh, _, detail_fh = score("h100-cuda-engine-2026-12-06h.toml", fit_h)
+over_fe12, _, detail_fe12 = score("h100-cuda-engine-2026-12-06e.toml", fit_h)
+expect(f"on them 12-06h misses 10 of 48, 12-06e 13 (got {over_fh}, {over_fe12})", (over_fh, over_fe12) == (10, 13))
+expect(f"the worst miss: 12-06h 29 %, 12-06e 46 % (got {worst(detail_fh)}, {worst(detail_fe12)})",
+       (worst(detail_fh), worst(detail_fe12)) == (29, 46))
+expect("code x0.7's ITL P50 at 0.85: +14 % with 12-06h (+42 % with 12-06e)",
+       detail_fh["code07-pd-reserve85-b256-c1024-fd"]["itl p50"] == 14)
+unseen = runs("h100-serve-2026-12-06h")
+expect(f"two unseen runs are stored (got {len(unseen)})", len(unseen) == 2)
+over_uh, _, detail_uh = score("h100-cuda-engine-2026-12-06h.toml", unseen)
+over_ue, _, detail_ue = score("h100-cuda-engine-2026-12-06e.toml", unseen)
+expect(f"on them 12-06h misses 4 of 8, 12-06e 6 (got {over_uh}, {over_ue})", (over_uh, over_ue) == (4, 6))
+expect(f"the worst miss: 12-06h 30 %, 12-06e 53 % (got {worst(detail_uh)}, {worst(detail_ue)})",
+       (worst(detail_uh), worst(detail_ue)) == (30, 53))
+expect("code x0.5's median gap: +12 % with 12-06h, +24 % with 12-06e",
+       (detail_uh["code05-pd-reserve85-b256-c1024-fd"]["itl p50"],
+        detail_ue["code05-pd-reserve85-b256-c1024-fd"]["itl p50"]) == (12, 24))
+expect("conversation x2.5 (batches of ~22) is priced alike by both",
+       detail_uh["conv25-pd-reserve85-b256-c1024-fd-42s"]["itl p99"]
+       == detail_ue["conv25-pd-reserve85-b256-c1024-fd-42s"]["itl p99"] == 30)
+# The new keys apply beside a partition only: PD streams are priced as before.
+streams = [r for r in code_runs if "streams" in r] + [str(p.with_suffix("")) for p in sorted(new_dir.glob("*streams*.json"))]
+expect("12-06h prices the PD-streams runs exactly as 12-06e",
+       score("h100-cuda-engine-2026-12-06h.toml", streams) == score("h100-cuda-engine-2026-12-06e.toml", streams))
 finish()
