@@ -761,6 +761,16 @@ deployment_config one_gpu_own_streams() {
   return config;
 }
 
+/// one_gpu_own_streams() with the prefill engine on a partition of `share` of the SMs (decode
+/// on the whole GPU).
+deployment_config one_gpu_prefill_partition(double share) {
+  auto config = one_gpu_own_streams();
+  for (auto& a : config.nodes[0].actors) {
+    if (a.role == actor_role::prefill) a.sm_share = share;
+  }
+  return config;
+}
+
 /// one_gpu_own_streams with the SMs split by green contexts: 60 % prefill, 40 % decode.
 deployment_config one_gpu_split_60_40() {
   auto config = one_gpu_own_streams();
@@ -823,10 +833,7 @@ TEST_CASE(
     "a decode engine on the whole GPU beside a prefill engine on a partition waits as on streams, "
     "scaled by reserve_decode_delay_scale, and the prefill runs at its share") {
   auto streams_config = one_gpu_own_streams();
-  auto reserve_config = one_gpu_own_streams();
-  for (auto& a : reserve_config.nodes[0].actors) {
-    if (a.role == actor_role::prefill) a.sm_share = 0.75;
-  }
+  auto reserve_config = one_gpu_prefill_partition(0.75);
   const auto streams = deployment_from_config(streams_config);
   const auto reserve = deployment_from_config(reserve_config);
   REQUIRE(reserve.workers.size() == 2);
@@ -919,10 +926,7 @@ TEST_CASE(
     "beside a prefill partition the decode delay and the prefill's yield scale by the decode "
     "step's rows, and streams ignore both keys") {
   auto streams_config = one_gpu_own_streams();
-  auto reserve_config = one_gpu_own_streams();
-  for (auto& a : reserve_config.nodes[0].actors) {
-    if (a.role == actor_role::prefill) a.sm_share = 0.75;
-  }
+  auto reserve_config = one_gpu_prefill_partition(0.75);
   const auto streams = deployment_from_config(streams_config);
   const auto reserve = deployment_from_config(reserve_config);
   // Few requests at a time: decode steps of 1-3 rows, each beside a prefill chunk.

@@ -185,8 +185,15 @@ expect(f"12-06c misses 7 of them (got {over_fc})", over_fc == 7)
 new_dir = data / "h100-serve-2026-12-06f"
 new_runs = [str(p.with_suffix("")) for p in sorted(new_dir.glob("*reserve*.json"))]
 expect(f"four new reserve runs are stored (got {len(new_runs)})", len(new_runs) == 4)
-over_ne, _, detail_ne = score("h100-cuda-engine-2026-12-06e.toml", new_runs)
-over_nc, _, detail_nc = score("h100-cuda-engine-2026-12-06c.toml", new_runs)
+def side_by_side(newer, older, run_list):
+    """(misses of newer, of older, their details) on the same runs."""
+    over_a, _, detail_a = score(newer, run_list)
+    over_b, _, detail_b = score(older, run_list)
+    return over_a, over_b, detail_a, detail_b
+
+
+over_ne, over_nc, detail_ne, detail_nc = side_by_side("h100-cuda-engine-2026-12-06e.toml",
+                                                      "h100-cuda-engine-2026-12-06c.toml", new_runs)
 expect(f"on them 12-06e misses 7 of 16, 12-06c 6 (got {over_ne}, {over_nc})", (over_ne, over_nc) == (7, 6))
 expect(f"the worst miss: 12-06e 46 %, 12-06c 133 % (got {worst(detail_ne)}, {worst(detail_nc)})",
        (worst(detail_ne), worst(detail_nc)) == (46, 133))
@@ -208,8 +215,8 @@ expect("that miss is PD streams' TTFT P99, +18 %",
 # above; docs/data/h100-serve-2026-12-06h has two it had not seen, predicted before they ran.
 fit_h = fit_e + new_runs + [r for r in code_runs if "reserve" in r]
 expect(f"twelve partition runs to fit on (got {len(fit_h)})", len(fit_h) == 12)
-over_fh, _, detail_fh = score("h100-cuda-engine-2026-12-06h.toml", fit_h)
-over_fe12, _, detail_fe12 = score("h100-cuda-engine-2026-12-06e.toml", fit_h)
+over_fh, over_fe12, detail_fh, detail_fe12 = side_by_side("h100-cuda-engine-2026-12-06h.toml",
+                                                          "h100-cuda-engine-2026-12-06e.toml", fit_h)
 expect(f"on them 12-06h misses 10 of 48, 12-06e 13 (got {over_fh}, {over_fe12})", (over_fh, over_fe12) == (10, 13))
 expect(f"the worst miss: 12-06h 29 %, 12-06e 46 % (got {worst(detail_fh)}, {worst(detail_fe12)})",
        (worst(detail_fh), worst(detail_fe12)) == (29, 46))
@@ -217,8 +224,8 @@ expect("code x0.7's ITL P50 at 0.85: +14 % with 12-06h (+42 % with 12-06e)",
        detail_fh["code07-pd-reserve85-b256-c1024-fd"]["itl p50"] == 14)
 unseen = runs("h100-serve-2026-12-06h")
 expect(f"two unseen runs are stored (got {len(unseen)})", len(unseen) == 2)
-over_uh, _, detail_uh = score("h100-cuda-engine-2026-12-06h.toml", unseen)
-over_ue, _, detail_ue = score("h100-cuda-engine-2026-12-06e.toml", unseen)
+over_uh, over_ue, detail_uh, detail_ue = side_by_side("h100-cuda-engine-2026-12-06h.toml",
+                                                      "h100-cuda-engine-2026-12-06e.toml", unseen)
 expect(f"on them 12-06h misses 4 of 8, 12-06e 6 (got {over_uh}, {over_ue})", (over_uh, over_ue) == (4, 6))
 expect(f"the worst miss: 12-06h 30 %, 12-06e 53 % (got {worst(detail_uh)}, {worst(detail_ue)})",
        (worst(detail_uh), worst(detail_ue)) == (30, 53))
