@@ -1139,9 +1139,10 @@ class event_sim {
   }
 
   /// The factor on the yield a prefill step on a partition (`prefill`) loses to each
-  /// whole-GPU decode step beside it: reserve_prefill_yield_scale at the SMs no partition
-  /// holds, else the partition's share (the decode kernels spread over every SM, and the part
-  /// on the free SMs costs prefill nothing). 1 on streams.
+  /// whole-GPU decode step of `decode` beside it: reserve_prefill_yield_scale at the SMs no
+  /// partition holds, else the partition's share (the decode kernels spread over every SM, and
+  /// the part on the free SMs costs prefill nothing), times reserve_prefill_yield_batch_scale
+  /// at the step's rows. 1 on streams.
   [[nodiscard]] double reserve_yield_factor(const unit& prefill, const unit& decode,
                                             uint32_t gpu) const {
     const auto free = free_beside_partition(prefill, gpu);
