@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The H100 serving-fidelity figures docs/benchmarks.md states ("The H100's keys on runs they had
-not seen", and the decode step thread's runs), recomputed by scripts/fit-concurrency.py from the stored live runs and today's
+not seen", the decode step thread's runs, the partition runs and those keys carried to the H200), recomputed by scripts/fit-concurrency.py from the stored live runs and today's
 simulator. A change to the cost model or to a calibration that moves them fails here, so the docs
 cannot drift from what the simulator does. Needs the Azure traces in ../shared/traces; without
 them it exits 77 (skipped).
@@ -239,4 +239,18 @@ expect("conversation x2.5 (batches of ~22) is priced alike by both",
 streams = [r for r in code_runs if "streams" in r] + [str(p.with_suffix("")) for p in sorted(new_dir.glob("*streams*.json"))]
 expect("12-06h prices the PD-streams runs exactly as 12-06e",
        score("h100-cuda-engine-2026-12-06h.toml", streams) == score("h100-cuda-engine-2026-12-06e.toml", streams))
+# Those keys carried over to the H200 (h200-cuda-engine-2026-12-06h.toml) on the first H200 run
+# of the deployment (docs/data/h200-serve-2026-12-06i), measured after they were committed.
+h200_run = runs("h200-serve-2026-12-06i")
+expect(f"one H200 partition run is stored (got {len(h200_run)})", len(h200_run) == 1)
+_, _, carried = score("h200-cuda-engine-2026-12-06h.toml", h200_run)
+_, _, without = score("h200-cuda-engine-2026-12-05b.toml", h200_run)
+figures = ("ttft p50", "ttft p99", "itl p50", "itl p99")
+expect("with the carried keys: TTFT -23 / -24 %, ITL +4 / +2 %",
+       [carried["code05-pd-reserve70-b256-c1024-fd"][f] for f in figures] == [-23, -24, 4, 2])
+expect("without partition keys: -42 / -53 / +132 / +170 %",
+       [without["code05-pd-reserve70-b256-c1024-fd"][f] for f in figures] == [-42, -53, 132, 170])
+h200_streams = runs("h200-serve-2026-12-05")
+expect("h200 12-06h prices the H200 split runs exactly as 12-05b",
+       score("h200-cuda-engine-2026-12-06h.toml", h200_streams) == score("h200-cuda-engine-2026-12-05b.toml", h200_streams))
 finish()
