@@ -18,13 +18,22 @@ __device__ __forceinline__ float row_max(const float (&s)[NT][4], int r) {
   return fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
 }
 
+/// 2^x as one MUFU.EX2 (ex2.approx.ftz). exp2f without --use_fast_math adds a range test and two
+/// scalings around it so that results under 2^-126 come out denormal; a probability that small
+/// against its row's maximum (which is 1) is 0 in P's bf16 and in l's fp32 sums alike.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 /// softmax_update with FlashAttention-4's conditional rescaling: a 16-row tile's running maxima
 /// move (and O and l are rescaled) only when some row's new maximum exceeds its running one by
 /// more than 8 in log2 units; otherwise the probabilities are taken against the stale maxima. They
 /// are then at most 2^8, exact in fp32 and as precise in bf16, and O / l is the same quotient.
 /// Measured no faster than softmax_update by itself, but with the rescale in a warp-uniform branch
 /// the 64-key sub-tile kernel spills 20 bytes instead of 92, and that one is the fastest.
-template <int NT>
+template <int NT, bool Ftz = false>
 __device__ __forceinline__ void softmax_update_lazy(float (&s)[NT][4], float (&m)[2],
                                                     float (&l)[2], float (&o)[16][4],
                                                     float scale_log2) {
@@ -51,8 +60,10 @@ __device__ __forceinline__ void softmax_update_lazy(float (&s)[NT][4], float (&m
     const float base = m[r] == -INFINITY ? 0.0f : m[r] * scale_log2;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      s[nt][2 * r] = exp2f(fmaf(s[nt][2 * r], scale_log2, -base));
-      s[nt][2 * r + 1] = exp2f(fmaf(s[nt][2 * r + 1], scale_log2, -base));
+      const float x0 = fmaf(s[nt][2 * r], scale_log2, -base);
+      const float x1 = fmaf(s[nt][2 * r + 1], scale_log2, -base);
+      s[nt][2 * r] = Ftz ? exp2_ftz(x0) : exp2f(x0);
+      s[nt][2 * r + 1] = Ftz ? exp2_ftz(x1) : exp2f(x1);
       l[r] += s[nt][2 * r] + s[nt][2 * r + 1];
     }
   }
