@@ -19,8 +19,9 @@ mkdir -p "$OUT"
 BUILD=${GPU_CHECK_BUILD:-build-gpu}
 CKPT=$BUILD/r1-distill-llama-8b-random
 CONFIGS=${GPU_AB_CONFIGS:-}
+GPU_AB_VARIANTS=${GPU_AB_VARIANTS:-5,7}
 if [ -z "$CONFIGS" ]; then
-  for v in ${GPU_AB_VARIANTS:-5,7}; do CONFIGS+="${CONFIGS:+;}v$v:DUET_CUDA_ATTN_VARIANT=$v"; done
+  for v in ${GPU_AB_VARIANTS//,/ }; do CONFIGS+="${CONFIGS:+;}v$v:DUET_CUDA_ATTN_VARIANT=$v"; done
 fi
 ROUNDS=${GPU_AB_ROUNDS:-2}
 PHASE=${GPU_AB_PHASE:-prefill}
