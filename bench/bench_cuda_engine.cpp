@@ -347,7 +347,7 @@ int main(int argc, char** argv) {
         meta[2] = start;
         cuda_ok(cudaMemcpy(dmeta.p, meta.data(), 16, cudaMemcpyHostToDevice), "meta");
         const double flops = 4.0 * (double(ctx) * start + double(ctx) * (ctx + 1) / 2) * heads * 128;
-        for (uint32_t variant : {1u, 2u, 3u, 0u, 4u, 5u, 6u, 7u}) {
+        for (uint32_t variant : {1u, 2u, 3u, 0u, 4u, 5u, 6u}) {
           if (variant >= 4 && !k::prefill_attention_wgmma_available()) continue;
           if (start && (variant == 1 || variant == 2)) continue;
           p.variant = variant;

@@ -915,15 +915,14 @@ kstatus prefill_attention(const prefill_attention_params& p, cudaStream_t stream
   DUET_KREQUIRE(p.heads <= 65535 && p.seqs <= 65535,
                 "prefill_attention: too many heads or sequences");
   if (p.seqs == 0 || p.max_seq_rows == 0) return {};
-  DUET_KREQUIRE(p.variant <= 7, "prefill_attention: variant must be 0 to 7");
+  DUET_KREQUIRE(p.variant <= 6, "prefill_attention: variant must be 0 to 6");
   DUET_KREQUIRE(uint64_t{p.max_seq_rows} * (p.heads / p.kv_heads) < (1u << 31),
                 "prefill_attention: too many rows");
   const dim3 grid((p.max_seq_rows + pf_rows - 1) / pf_rows, p.heads, p.seqs);
   switch (p.variant) {
     case 4:
     case 5:
-    case 6:
-    case 7: return prefill_attention_wgmma(p, stream);
+    case 6: return prefill_attention_wgmma(p, stream);
     case 0: {
       const uint32_t vrows = p.max_seq_rows * (p.heads / p.kv_heads);
       const dim3 grid0((vrows + pf3_rows - 1) / pf3_rows, p.kv_heads, p.seqs);
@@ -973,8 +972,8 @@ kstatus decode_attention(const decode_attention_params& p, cudaStream_t stream) 
   DUET_KREQUIRE(p.workspace_batch == 0 || p.batch <= p.workspace_batch,
                 "decode_attention: batch over the workspace's workspace_batch");
   if (p.batch == 0) return {};
-  // Variants 2 to 7 exist for prefill only; decode runs its default then.
-  DUET_KREQUIRE(p.variant <= 7, "decode_attention: variant must be 0 to 7");
+  // Variants 2 to 6 exist for prefill only; decode runs its default then.
+  DUET_KREQUIRE(p.variant <= 6, "decode_attention: variant must be 0 to 6");
   const dim3 grid(p.max_splits, p.kv_heads, p.batch);
   if (p.variant == 1) {
     DUET_KCHECK(

@@ -43,8 +43,7 @@ struct prefill_attention_params {
                           // 3: variant 0 in 32-key sub-tiles; 4: wgmma, cp.async loads; 5: wgmma,
                           // a TMA producer warp (whole blocks: kv.blocks set, block_tokens a power
                           // of two >= 8, finite values in unused slots); 6: variant 5 with the
-                          // warpgroups' S GEMMs in turns; 7: variant 5 with exp2 by one
-                          // MUFU.EX2 (ex2.approx.ftz); 4 to 7 need compute capability 9.0
+                          // warpgroups' S GEMMs in turns; 4 to 6 need compute capability 9.0
                           // (attention_wgmma.cuh)
 };
 

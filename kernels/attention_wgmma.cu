@@ -22,9 +22,7 @@
 //     the two warpgroups never wait for each other and drift into overlapping one's softmax with
 //     the other's GEMMs;
 //   variant 6: variant 5 with the warpgroups taking turns to issue their S GEMMs (named barriers),
-//     so that one's softmax overlaps the other's GEMM by construction;
-//   variant 7: variant 5 with each probability by one MUFU.EX2 (tile::exp2_ftz), not exp2f's
-//     four instructions.
+//     so that one's softmax overlaps the other's GEMM by construction.
 
 namespace duet::kernels {
 
@@ -265,8 +263,6 @@ __device__ __forceinline__ void turn_pass(int wg) {
 /// One K/V tile's flash-attention step for a warpgroup: S = Q K^T, causal mask, online softmax,
 /// O += P V. q_wg, k_t, v_t: shared addresses of the warpgroup's Q rows and the tile's K and V.
 /// pass_turn: after issuing S, hand the tensor cores' turn to the other warpgroup (variant 6).
-/// Ftz: the probabilities by one MUFU.EX2 each (variant 7; tile::exp2_ftz).
-template <bool Ftz = false>
 __device__ __forceinline__ void tile_step(wg_rows_state& st, uint32_t q_wg, uint32_t k_t,
                                           uint32_t v_t, int key0, int t, float scale_log2,
                                           bool pass_turn = false, int wg = 0) {
@@ -291,7 +287,7 @@ __device__ __forceinline__ void tile_step(wg_rows_state& st, uint32_t q_wg, uint
       }
     }
   }
-  tile::softmax_update_lazy<16, Ftz>(s, st.m, st.l, st.o, scale_log2);
+  tile::softmax_update_lazy<16>(s, st.m, st.l, st.o, scale_log2);
   uint32_t a[8][4];
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
@@ -405,7 +401,7 @@ __global__ void __launch_bounds__(consumer_threads, 1)
 /// Variants 5 and 6 (PingPong): warps 0-7 consume, warp 8 produces with TMA. kv_map views the
 /// pool as rows of 128 bf16 (row = block * block_elems / 128 + ((layer * 2 + K/V) * kv_heads +
 /// kv_head) * block_tokens + slot), boxes of 64 columns by block_tokens rows, swizzle 128B.
-template <bool PingPong, bool Ftz>
+template <bool PingPong>
 __global__ void __launch_bounds__(consumer_threads + producer_threads, 1)
     prefill_kernel_wgmma_tma(prefill_attention_params p, const __grid_constant__ CUtensorMap kv_map) {
   dev::pdl_wait();
@@ -481,7 +477,7 @@ __global__ void __launch_bounds__(consumer_threads + producer_threads, 1)
     const bool pass = PingPong && (wg == 0 || j + 1 < n_tiles);
     if (PingPong) turn_wait(wg);
     if (st.needs(key0)) {
-      tile_step<Ftz>(st, q_wg, k_t, k_t + kv_bytes, key0, lane & 3, scale_log2, pass, wg);
+      tile_step(st, q_wg, k_t, k_t + kv_bytes, key0, lane & 3, scale_log2, pass, wg);
     } else if (pass) {
       turn_pass(wg);
     }
@@ -521,7 +517,7 @@ bool prefill_attention_wgmma_available() {
 
 kstatus prefill_attention_wgmma(const prefill_attention_params& p, cudaStream_t stream) {
   DUET_KREQUIRE(prefill_attention_wgmma_available(),
-                "prefill_attention: variants 4 to 7 (wgmma) need a compute capability 9.0 GPU");
+                "prefill_attention: variants 4 to 6 (wgmma) need a compute capability 9.0 GPU");
   const uint32_t vrows = p.max_seq_rows * (p.heads / p.kv_heads);
   const dim3 grid((vrows + cta_rows - 1) / cta_rows, p.kv_heads, p.seqs);
   if (p.variant == 4) {
@@ -532,8 +528,8 @@ kstatus prefill_attention_wgmma(const prefill_attention_params& p, cudaStream_t 
   }
   const uint32_t bt = p.kv.block_tokens;
   DUET_KREQUIRE(bt >= 8 && bt <= 128 && (bt & (bt - 1)) == 0,
-                "prefill_attention: variants 5 to 7 need block_tokens a power of two from 8 to 128");
-  DUET_KREQUIRE(p.kv.blocks > 0, "prefill_attention: variants 5 to 7 need kv.blocks (the pool's size)");
+                "prefill_attention: variants 5 and 6 need block_tokens a power of two from 8 to 128");
+  DUET_KREQUIRE(p.kv.blocks > 0, "prefill_attention: variants 5 and 6 need kv.blocks (the pool's size)");
   const uint64_t pool_rows = uint64_t{p.kv.blocks} * (p.kv.block_elems / head_dim);
   DUET_KREQUIRE(pool_rows < (1ull << 31), "prefill_attention: pool over 2^31 rows of 128");
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
@@ -548,9 +544,7 @@ kstatus prefill_attention_wgmma(const prefill_attention_params& p, cudaStream_t 
                                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   DUET_KREQUIRE(made == CUDA_SUCCESS, "prefill_attention: cuTensorMapEncodeTiled refused the pool");
-  auto* kernel = p.variant == 6   ? prefill_kernel_wgmma_tma<true, false>
-                 : p.variant == 7 ? prefill_kernel_wgmma_tma<false, true>
-                                  : prefill_kernel_wgmma_tma<false, false>;
+  auto* kernel = p.variant == 6 ? prefill_kernel_wgmma_tma<true> : prefill_kernel_wgmma_tma<false>;
   DUET_KCHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, wgmma_smem));
   DUET_KCHECK(launch(kernel, grid, dim3(consumer_threads + producer_threads), wgmma_smem, stream,

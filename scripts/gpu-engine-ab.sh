@@ -103,10 +103,10 @@ if phase == "decode":
         print(f"| {key[5:-14]} | " + " | ".join(", ".join(f"{x:.2f}" for x in rates[key].get(v, [])) for v in configs) + " |")
     sys.exit(0)
 kernels = json.load(open(os.path.join(out, "kernels.json"))).get("kernels", {}) if os.path.exists(os.path.join(out, "kernels.json")) else {}
-print("| kernel, one layer | " + " | ".join(f"v{v}" for v in range(8)) + " |")
-print("| --- |" + " --- |" * 8)
+print("| kernel, one layer | " + " | ".join(f"v{v}" for v in range(7)) + " |")
+print("| --- |" + " --- |" * 7)
 for shape in ("8K", "32K_last_chunk"):
-    cells = [kernels.get(f"prefill_attention_{shape}_TFLOPs_v{v}") for v in range(8)]
+    cells = [kernels.get(f"prefill_attention_{shape}_TFLOPs_v{v}") for v in range(7)]
     print(f"| {shape} TFLOP/s | " + " | ".join(f"{c:.0f}" if c else "-" for c in cells) + " |")
 rows = {}
 for f in sorted(glob.glob(os.path.join(out, "prefill-*-round*.json"))):
