@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(sk_threads) skinny_kernel(gemm_params p) {
       return kstatus{cudaErrorUnknown, #call, __FILE__, __LINE__}; \
   } while (0)
 
-using plan_key = std::tuple<uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, bool, bool>;
+using plan_key = std::tuple<uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, bool, bool, bool>;
 
 struct plan {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -234,7 +234,7 @@ struct gemm_runner::impl {
 
   kstatus plan_for(const gemm_params& p, plan*& out) {
     DUET_KREQUIRE(handle, "gemm: runner not initialised");
-    const plan_key key{p.m, p.n, p.k, p.ldx, p.ldy, p.y_fp32, p.bias != nullptr};
+    const plan_key key{p.m, p.n, p.k, p.ldx, p.ldy, p.y_fp32, p.bias != nullptr, p.accumulate};
     auto it = plans.find(key);
     if (it == plans.end()) {
       plan pl;
@@ -291,15 +291,17 @@ struct gemm_runner::impl {
     return {};
   }
 
+  /// D = x . w^T (+ bias) (+ y with accumulate) into `out`, p.y when null (tuning's trial runs of
+  /// an accumulating GEMM go to a scratch copy).
   kstatus matmul(const gemm_params& p, const plan& pl, const cublasLtMatmulAlgo_t& algo,
-                 cudaStream_t stream) {
-    const float alpha = 1.0f, beta = 0.0f;
+                 cudaStream_t stream, void* out = nullptr) {
+    const float alpha = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
     if (p.bias) {
       DUET_LT(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias,
                                              sizeof(p.bias)));
     }
-    DUET_LT(cublasLtMatmul(handle, pl.desc, &alpha, p.w, pl.a, p.x, pl.b, &beta, p.y, pl.d, p.y,
-                           pl.d, &algo, workspace, workspace_bytes, stream));
+    DUET_LT(cublasLtMatmul(handle, pl.desc, &alpha, p.w, pl.a, p.x, pl.b, &beta, p.y, pl.d,
+                           out ? out : p.y, pl.d, &algo, workspace, workspace_bytes, stream));
     return {};
   }
 
@@ -307,6 +309,18 @@ struct gemm_runner::impl {
   // after L2 is refilled with other data, as it runs in a step; a larger one over 3 runs back to
   // back, which is how a prefill pass runs them. Each candidate runs once untimed first.
   kstatus tune(const gemm_params& p, plan& pl, cudaStream_t stream) {
+    // An accumulating GEMM's trials read y and write a scratch copy of it: y must be added to once.
+    void* scratch = nullptr;
+    if (p.accumulate) {
+      const uint64_t bytes = (uint64_t{p.m - 1} * p.ldy + p.n) * (p.y_fp32 ? 4 : 2);
+      if (cudaMallocAsync(&scratch, bytes, stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (log_enabled())
+          std::fprintf(stderr, "gemm tune m=%u: no memory for an accumulating GEMM's trials\n", p.m);
+        pl.tuned = true;  // the heuristic's first choice
+        return {};
+      }
+    }
     void* evict = nullptr;
     uint64_t evict_bytes = 0;
     if (tuning() == tune_mode::cold && p.m <= weight_streaming_max_rows) {
@@ -331,7 +345,7 @@ struct gemm_runner::impl {
     cublasLtMatmulAlgo_t best_algo = pl.algo;
     for (std::size_t i = 0; i < pl.candidates.size(); ++i) {
       const cublasLtMatmulAlgo_t& algo = pl.candidates[i];
-      if (!matmul(p, pl, algo, stream).ok()) continue;
+      if (!matmul(p, pl, algo, stream, scratch).ok()) continue;
       bool ok = true;
       for (int r = 0; r < runs && ok; ++r) {
         if (evict) {
@@ -340,7 +354,7 @@ struct gemm_runner::impl {
         }
         // Back to back, one pair of marks spans all runs.
         if (evict || r == 0) cudaEventRecord(marks[evict ? 2 * r : 0], stream);
-        ok = matmul(p, pl, algo, stream).ok();
+        ok = matmul(p, pl, algo, stream, scratch).ok();
         if (evict || r == runs - 1) cudaEventRecord(marks[evict ? 2 * r + 1 : 1], stream);
       }
       if (!ok) continue;
@@ -361,6 +375,7 @@ struct gemm_runner::impl {
     }
     for (cudaEvent_t& e : marks) cudaEventDestroy(e);
     if (evict) cudaFreeAsync(evict, stream);
+    if (scratch) cudaFreeAsync(scratch, stream);
     if (log_enabled()) {
       std::fprintf(stderr,
                    "gemm tune m=%u n=%u k=%u: %zu candidates, %s, heuristic's first %.3f ms, kept "
@@ -419,10 +434,12 @@ kstatus gemm_runner::run(const gemm_params& p, cudaStream_t stream, gemm_path pa
     // Measured on the H200 (docs/cuda-engine.md): at m = 1 the skinny kernel beats cuBLASLt on
     // every Llama-8B shape (2.4-3.9 TB/s against 1.5-3.3), at m = 4 it loses (1.1-1.6
     // against 1.7-3.3).
-    path = (p.x_swiglu || (p.m == 1 && gemm_skinny_enabled())) ? gemm_path::skinny
-                                                               : gemm_path::cublaslt;
+    path = (p.x_swiglu || (p.m == 1 && !p.accumulate && gemm_skinny_enabled()))
+               ? gemm_path::skinny
+               : gemm_path::cublaslt;
   }
   if (path == gemm_path::skinny) {
+    DUET_KREQUIRE(!p.accumulate, "gemm: the skinny path does not accumulate into y");
     DUET_KREQUIRE(p.m <= gemm_skinny_max_rows,
                   "gemm: the skinny path takes at most gemm_skinny_max_rows rows");
     DUET_KREQUIRE(p.n <= 65535u * sk_rows * 1024u, "gemm: n too large for the skinny path");

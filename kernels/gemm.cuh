@@ -37,6 +37,11 @@ struct gemm_params {
   // then loads its first weight chunks before waiting for the previous kernel (PDL), so a GEMV's
   // weight stream starts while the kernel before it finishes.
   bool w_static = false;
+  // y += x . w^T: cuBLASLt's beta = 1 with y as C and D (in place), so a residual add costs the
+  // GEMM one read of y instead of a kernel that reads y and the product and writes y back.
+  // cuBLASLt only (the automatic path picks it for any m); tuning writes its trial runs to a
+  // scratch copy, so y is added to once.
+  bool accumulate = false;
 };
 
 enum class gemm_path : uint8_t { automatic, cublaslt, skinny };

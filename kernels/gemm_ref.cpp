@@ -18,10 +18,13 @@ void gemm_reference(const gemm_params& p) {
         acc += xv * bf16_to_f32(w[i]);
       }
       if (p.bias) acc += bf16_to_f32(p.bias[n]);
+      const uint64_t at = static_cast<uint64_t>(r) * p.ldy + n;
       if (p.y_fp32) {
-        static_cast<float*>(p.y)[static_cast<uint64_t>(r) * p.ldy + n] = acc;
+        float& y = static_cast<float*>(p.y)[at];
+        y = p.accumulate ? y + acc : acc;
       } else {
-        static_cast<uint16_t*>(p.y)[static_cast<uint64_t>(r) * p.ldy + n] = f32_to_bf16(acc);
+        uint16_t& y = static_cast<uint16_t*>(p.y)[at];
+        y = f32_to_bf16(p.accumulate ? bf16_to_f32(y) + acc : acc);
       }
     }
   }

@@ -750,6 +750,8 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
     attention_variant_ = 5;
   if (const char* v = std::getenv("DUET_CUDA_ATTN_VARIANT"))
     attention_variant_ = static_cast<uint32_t>(std::atoi(v));
+  if (const char* v = std::getenv("DUET_RESIDUAL_GEMM"))
+    residual_in_gemm_ = std::string_view(v) != "0";
   if (const char* v = std::getenv("DUET_KV_READ_STAGING"))
     staged_reads_ = std::string_view(v) != "0";
   // Multiples of 32 above 32: a batch of 129 runs 160 rows, not 256 (a bucket's GEMMs cost as
@@ -877,12 +879,17 @@ void cuda_engine::forward(const pass& ps, void* stream) {
   auto* delta = b.delta.as<uint16_t>();
   // One row (batch-1 decode): SwiGLU is applied inside the down projection's skinny GEMM.
   const bool fused_swiglu = rows == 1 && k::gemm_skinny_enabled();
+  // Prefill: the o and down GEMMs add their product to x (one rounding, where a separate add
+  // rounds the product and then the sum), and the RMSNorm after each only normalizes x. Decode
+  // keeps the separate add: its skinny GEMVs do not accumulate, and its activations are small.
+  const bool accumulate = !ps.decode && residual_in_gemm_;
+  const uint16_t* pending = nullptr;  // the product the next RMSNorm adds to x, if not yet added
 
   kcheck(k::embedding_gather(
       {w.embedding, b.dev<int32_t>(b.meta.tokens), x, rows, hidden, c.vocab_size}, s));
   for (uint32_t l = 0; l < c.num_hidden_layers; ++l) {
     const cuda_weights::layer& L = w.layers[l];
-    kcheck(k::add_rmsnorm({x, l == 0 ? nullptr : delta, L.input_norm, h, rows, hidden, eps}, s));
+    kcheck(k::add_rmsnorm({x, pending, L.input_norm, h, rows, hidden, eps}, s));
     k::gemm_params g{h, hidden, L.qkv, L.qkv_bias, qkv, qkv_dim, rows, qkv_dim, hidden};
     g.w_static = true;
     kcheck(b.gemm.run(g, s));
@@ -942,10 +949,11 @@ void cuda_engine::forward(const pass& ps, void* stream) {
       ap.variant = attention_variant_;
       kcheck(k::prefill_attention(ap, s));
     }
-    k::gemm_params o{attn, qd, L.o, L.o_bias, delta, hidden, rows, hidden, qd};
+    k::gemm_params o{attn, qd, L.o, L.o_bias, accumulate ? x : delta, hidden, rows, hidden, qd};
     o.w_static = true;
+    o.accumulate = accumulate;
     kcheck(b.gemm.run(o, s));
-    kcheck(k::add_rmsnorm({x, delta, L.post_norm, h, rows, hidden, eps}, s));
+    kcheck(k::add_rmsnorm({x, accumulate ? nullptr : delta, L.post_norm, h, rows, hidden, eps}, s));
     k::gemm_params gate_up{h, hidden, L.gate_up, nullptr, gu, 2 * ffn, rows, 2 * ffn, hidden};
     gate_up.w_static = true;
     kcheck(b.gemm.run(gate_up, s));
@@ -956,12 +964,15 @@ void cuda_engine::forward(const pass& ps, void* stream) {
       kcheck(b.gemm.run(down, s));
     } else {
       kcheck(k::silu_mul({gu, b.act.as<uint16_t>(), rows, ffn}, s));
-      k::gemm_params down{b.act.as<uint16_t>(), ffn, L.down, nullptr, delta, hidden, rows, hidden, ffn};
+      k::gemm_params down{b.act.as<uint16_t>(), ffn, L.down, nullptr, accumulate ? x : delta,
+                          hidden, rows, hidden, ffn};
       down.w_static = true;
+      down.accumulate = accumulate;
       kcheck(b.gemm.run(down, s));
     }
+    pending = accumulate ? nullptr : delta;
   }
-  kcheck(k::add_rmsnorm({x, delta, w.final_norm, h, rows, hidden, eps}, s));
+  kcheck(k::add_rmsnorm({x, pending, w.final_norm, h, rows, hidden, eps}, s));
   if (ps.outputs == 0) return;
   const uint16_t* head_in = h;
   if (!ps.decode) {

@@ -272,6 +272,51 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("gemm with accumulate adds x . w^T to y once per run, the tuner's trials included") {
+  DUET_REQUIRE_GPU();
+  std::mt19937 rng(13);
+  gemm_runner runner;
+  ok(runner.init());
+  struct shape {
+    uint32_t m, n, k;
+    bool bias;
+  };
+  // m = 128 and 512 are tuned on first use (multiples of 64); 1 and 37 keep the heuristic's pick.
+  std::vector<shape> shapes = {
+      {128, 4096, 4096, false}, {1, 4096, 4096, false}, {37, 1003, 1024, true}, {512, 4096, 14336, false}};
+  if (small_sweep()) shapes.resize(3);
+  for (const shape& s : shapes) {
+    const auto x = random_bf16(uint64_t{s.m} * s.k, rng, 1.0f);
+    const auto w = random_bf16(uint64_t{s.n} * s.k, rng, 0.05f);
+    const auto bias = random_bf16(s.n, rng, 0.5f);
+    const auto y0 = random_bf16(uint64_t{s.m} * s.n, rng, 4.0f);
+    dbuf<uint16_t> dx(x), dw(w), db(bias), dy(y0);
+    gemm_params g{dx.get(), s.k, dw.get(), s.bias ? db.get() : nullptr, dy.get(), s.n, s.m, s.n, s.k};
+    g.accumulate = true;
+    gemm_params r = g;
+    r.x = x.data();
+    r.w = w.data();
+    r.bias = s.bias ? bias.data() : nullptr;
+    std::vector<uint16_t> ref = y0;
+    r.y = ref.data();
+    INFO("m " << s.m << " n " << s.n << " k " << s.k);
+    for (int run = 1; run <= 2; ++run) {  // the first run tunes where the shape is worth it
+      ok(runner.run(g, nullptr));
+      gemm_reference(r);
+      // Bound 1e-2: fp32 sums in another order, then one bf16 rounding of y + product.
+      expect(compare_bf16(dy.download(), ref), 1e-2, "accumulate, run " + std::to_string(run));
+    }
+  }
+  // The skinny kernel writes y; it is refused rather than silently overwriting.
+  const auto x = random_bf16(4096, rng, 1.0f);
+  const auto w = random_bf16(uint64_t{64} * 4096, rng, 0.05f);
+  dbuf<uint16_t> dx(x), dw(w), dy(64);
+  gemm_params g{dx.get(), 4096, dw.get(), nullptr, dy.get(), 64, 1, 64, 4096};
+  g.accumulate = true;
+  const kstatus refused = runner.run(g, nullptr, gemm_path::skinny);
+  CHECK(refused.message().find("accumulate") != std::string::npos);
+}
+
 TEST_CASE("gemm: every cuBLASLt algorithm the tuner may keep is right") {
   DUET_REQUIRE_GPU();
   std::mt19937 rng(7);
