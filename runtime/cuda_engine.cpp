@@ -750,8 +750,10 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
     attention_variant_ = 5;
   if (const char* v = std::getenv("DUET_CUDA_ATTN_VARIANT"))
     attention_variant_ = static_cast<uint32_t>(std::atoi(v));
-  if (const char* v = std::getenv("DUET_RESIDUAL_GEMM"))
-    residual_in_gemm_ = std::string_view(v) != "0";
+  if (const char* v = std::getenv("DUET_RESIDUAL_GEMM")) {
+    residual_in_o_ = std::string_view(v) != "0";
+    residual_in_down_ = residual_in_o_ && std::string_view(v) != "o";
+  }
   if (const char* v = std::getenv("DUET_KV_READ_STAGING"))
     staged_reads_ = std::string_view(v) != "0";
   // Multiples of 32 above 32: a batch of 129 runs 160 rows, not 256 (a bucket's GEMMs cost as
@@ -882,7 +884,8 @@ void cuda_engine::forward(const pass& ps, void* stream) {
   // Prefill: the o and down GEMMs add their product to x (one rounding, where a separate add
   // rounds the product and then the sum), and the RMSNorm after each only normalizes x. Decode
   // keeps the separate add: its skinny GEMVs do not accumulate, and its activations are small.
-  const bool accumulate = !ps.decode && residual_in_gemm_;
+  const bool accumulate_o = !ps.decode && residual_in_o_;
+  const bool accumulate_down = !ps.decode && residual_in_down_;
   const uint16_t* pending = nullptr;  // the product the next RMSNorm adds to x, if not yet added
 
   kcheck(k::embedding_gather(
@@ -949,11 +952,11 @@ void cuda_engine::forward(const pass& ps, void* stream) {
       ap.variant = attention_variant_;
       kcheck(k::prefill_attention(ap, s));
     }
-    k::gemm_params o{attn, qd, L.o, L.o_bias, accumulate ? x : delta, hidden, rows, hidden, qd};
+    k::gemm_params o{attn, qd, L.o, L.o_bias, accumulate_o ? x : delta, hidden, rows, hidden, qd};
     o.w_static = true;
-    o.accumulate = accumulate;
+    o.accumulate = accumulate_o;
     kcheck(b.gemm.run(o, s));
-    kcheck(k::add_rmsnorm({x, accumulate ? nullptr : delta, L.post_norm, h, rows, hidden, eps}, s));
+    kcheck(k::add_rmsnorm({x, accumulate_o ? nullptr : delta, L.post_norm, h, rows, hidden, eps}, s));
     k::gemm_params gate_up{h, hidden, L.gate_up, nullptr, gu, 2 * ffn, rows, 2 * ffn, hidden};
     gate_up.w_static = true;
     kcheck(b.gemm.run(gate_up, s));
@@ -964,13 +967,13 @@ void cuda_engine::forward(const pass& ps, void* stream) {
       kcheck(b.gemm.run(down, s));
     } else {
       kcheck(k::silu_mul({gu, b.act.as<uint16_t>(), rows, ffn}, s));
-      k::gemm_params down{b.act.as<uint16_t>(), ffn, L.down, nullptr, accumulate ? x : delta,
+      k::gemm_params down{b.act.as<uint16_t>(), ffn, L.down, nullptr, accumulate_down ? x : delta,
                           hidden, rows, hidden, ffn};
       down.w_static = true;
-      down.accumulate = accumulate;
+      down.accumulate = accumulate_down;
       kcheck(b.gemm.run(down, s));
     }
-    pending = accumulate ? nullptr : delta;
+    pending = accumulate_down ? nullptr : delta;
   }
   kcheck(k::add_rmsnorm({x, pending, w.final_norm, h, rows, hidden, eps}, s));
   if (ps.outputs == 0) return;

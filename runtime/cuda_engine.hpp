@@ -180,8 +180,10 @@ class cuda_engine final : public engine {
   std::set<int> peers_;             // devices whose memory this engine's context may read
   uint32_t attention_variant_ = 0;  // kernels/attention.cuh variant: 5 on sm_90, else 0
   // Prefill adds the o and down projections to the residual stream inside their GEMMs
-  // (gemm_params::accumulate); DUET_RESIDUAL_GEMM=0: a separate add in the next RMSNorm, as decode.
-  bool residual_in_gemm_ = true;
+  // (gemm_params::accumulate); DUET_RESIDUAL_GEMM=0: a separate add in the next RMSNorm, as
+  // decode; =o: the o projection only.
+  bool residual_in_o_ = true;
+  bool residual_in_down_ = true;
                                     // (DUET_CUDA_ATTN_VARIANT overrides)
   uint64_t graph_steps_ = 0;
   uint64_t eager_steps_ = 0;
