@@ -879,13 +879,14 @@ void cuda_engine::forward(const pass& ps, void* stream) {
   auto* attn = b.attn.as<uint16_t>();
   auto* gu = b.gate_up.as<uint16_t>();
   auto* delta = b.delta.as<uint16_t>();
-  // One row (batch-1 decode): SwiGLU is applied inside the down projection's skinny GEMM.
-  const bool fused_swiglu = rows == 1 && k::gemm_skinny_enabled();
   // Prefill: the o and down GEMMs add their product to x (one rounding, where a separate add
   // rounds the product and then the sum), and the RMSNorm after each only normalizes x. Decode
   // keeps the separate add: its skinny GEMVs do not accumulate, and its activations are small.
   const bool accumulate_o = !ps.decode && residual_in_o_;
   const bool accumulate_down = !ps.decode && residual_in_down_;
+  // One row (batch-1 decode) not accumulating: SwiGLU is applied inside the down projection's
+  // skinny GEMM, which writes delta.
+  const bool fused_swiglu = rows == 1 && !accumulate_down && k::gemm_skinny_enabled();
   const uint16_t* pending = nullptr;  // the product the next RMSNorm adds to x, if not yet added
 
   kcheck(k::embedding_gather(

@@ -160,6 +160,27 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("a prefill pass of one row (a one-token prompt alone) follows the fp32 CPU engine") {
+  // One row takes the skinny GEMVs, which cannot add into the residual stream as the prefill
+  // passes' cuBLASLt GEMMs do: the pass must still add every projection once.
+  DUET_REQUIRE_GPU();
+  const auto dir = checkpoint("llama");
+  cpu_engine cpu(load_hf_model_shared(dir), cpu_engine_params{"t", 64, 16, 4096, 0, {}});
+  cuda_engine_params gp;
+  gp.served_name = "t";
+  gp.kv_blocks = 64;
+  gp.max_batch = 4;
+  cuda_engine gpu(dir, gp);
+  gpu.keep_logits(true);
+  std::mt19937 rng(9);
+  auto seqs = make_sequences(rng, {1}, 3000, 16);
+  (void)cpu.prefill(whole(seqs));
+  (void)gpu.prefill(whole(seqs));
+  const double e = rel(gpu.last_logits(0), cpu.last_logits(0));
+  INFO("rel " << e);
+  CHECK(e <= 3e-2);
+}
+
 TEST_CASE("graph replay, eager decode and chunked prefill give the same results") {
   DUET_REQUIRE_GPU();
   const auto dir = checkpoint("llama");
