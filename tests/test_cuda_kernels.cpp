@@ -272,6 +272,33 @@ TEST_CASE(
   }
 }
 
+/// A GEMM's random operands (x [m, k], w [n, k], bias [n]) on the host and the device.
+struct gemm_operands {
+  std::vector<uint16_t> x, w, bias;
+  dbuf<uint16_t> dx, dw, db;
+  gemm_operands(uint32_t m, uint32_t n, uint32_t k, std::mt19937& rng)
+      : x(random_bf16(uint64_t{m} * k, rng, 1.0f)),
+        w(random_bf16(uint64_t{n} * k, rng, 0.05f)),
+        bias(random_bf16(n, rng, 0.5f)),
+        dx(x),
+        dw(w),
+        db(bias) {}
+  /// bf16 y = x . w^T (+ bias) on the device buffers, y dense [m, n].
+  [[nodiscard]] gemm_params device(uint32_t m, uint32_t n, uint32_t k, bool with_bias,
+                                   uint16_t* y) const {
+    return gemm_params{dx.get(), k, dw.get(), with_bias ? db.get() : nullptr, y, n, m, n, k};
+  }
+  /// The same GEMM (g's flags) on the host copies, writing y: gemm_reference's input.
+  [[nodiscard]] gemm_params host(const gemm_params& g, uint16_t* y) const {
+    gemm_params r = g;
+    r.x = x.data();
+    r.w = w.data();
+    r.bias = g.bias ? bias.data() : nullptr;
+    r.y = y;
+    return r;
+  }
+};
+
 TEST_CASE("gemm with accumulate adds x . w^T to y once per run, the tuner's trials included") {
   DUET_REQUIRE_GPU();
   std::mt19937 rng(13);
@@ -286,19 +313,13 @@ TEST_CASE("gemm with accumulate adds x . w^T to y once per run, the tuner's tria
       {128, 4096, 4096, false}, {1, 4096, 4096, false}, {37, 1003, 1024, true}, {512, 4096, 14336, false}};
   if (small_sweep()) shapes.resize(3);
   for (const shape& s : shapes) {
-    const auto x = random_bf16(uint64_t{s.m} * s.k, rng, 1.0f);
-    const auto w = random_bf16(uint64_t{s.n} * s.k, rng, 0.05f);
-    const auto bias = random_bf16(s.n, rng, 0.5f);
+    const gemm_operands op(s.m, s.n, s.k, rng);
     const auto y0 = random_bf16(uint64_t{s.m} * s.n, rng, 4.0f);
-    dbuf<uint16_t> dx(x), dw(w), db(bias), dy(y0);
-    gemm_params g{dx.get(), s.k, dw.get(), s.bias ? db.get() : nullptr, dy.get(), s.n, s.m, s.n, s.k};
+    dbuf<uint16_t> dy(y0);
+    gemm_params g = op.device(s.m, s.n, s.k, s.bias, dy.get());
     g.accumulate = true;
-    gemm_params r = g;
-    r.x = x.data();
-    r.w = w.data();
-    r.bias = s.bias ? bias.data() : nullptr;
     std::vector<uint16_t> ref = y0;
-    r.y = ref.data();
+    gemm_params r = op.host(g, ref.data());
     INFO("m " << s.m << " n " << s.n << " k " << s.k);
     for (int run = 1; run <= 2; ++run) {  // the first run tunes where the shape is worth it
       ok(runner.run(g, nullptr));
@@ -308,10 +329,9 @@ TEST_CASE("gemm with accumulate adds x . w^T to y once per run, the tuner's tria
     }
   }
   // The skinny kernel writes y; it is refused rather than silently overwriting.
-  const auto x = random_bf16(4096, rng, 1.0f);
-  const auto w = random_bf16(uint64_t{64} * 4096, rng, 0.05f);
-  dbuf<uint16_t> dx(x), dw(w), dy(64);
-  gemm_params g{dx.get(), 4096, dw.get(), nullptr, dy.get(), 64, 1, 64, 4096};
+  const gemm_operands op(1, 64, 4096, rng);
+  dbuf<uint16_t> dy(64);
+  gemm_params g = op.device(1, 64, 4096, false, dy.get());
   g.accumulate = true;
   const kstatus refused = runner.run(g, nullptr, gemm_path::skinny);
   CHECK(refused.message().find("accumulate") != std::string::npos);
@@ -330,18 +350,11 @@ TEST_CASE("gemm: every cuBLASLt algorithm the tuner may keep is right") {
       {64, 4096, 14336, false}, {8, 6144, 4096, false}, {96, 1003, 1024, true}, {256, 4096, 4096, false}};
   if (small_sweep()) shapes.resize(2);
   for (const shape& s : shapes) {
-    const auto x = random_bf16(uint64_t{s.m} * s.k, rng, 1.0f);
-    const auto w = random_bf16(uint64_t{s.n} * s.k, rng, 0.05f);
-    const auto bias = random_bf16(s.n, rng, 0.5f);
-    dbuf<uint16_t> dx(x), dw(w), db(bias), dy(uint64_t{s.m} * s.n);
-    gemm_params g{dx.get(), s.k, dw.get(), s.bias ? db.get() : nullptr, dy.get(), s.n, s.m, s.n, s.k};
+    const gemm_operands op(s.m, s.n, s.k, rng);
+    dbuf<uint16_t> dy(uint64_t{s.m} * s.n);
+    const gemm_params g = op.device(s.m, s.n, s.k, s.bias, dy.get());
     std::vector<uint16_t> ref(uint64_t{s.m} * s.n);
-    gemm_params r = g;
-    r.x = x.data();
-    r.w = w.data();
-    r.bias = s.bias ? bias.data() : nullptr;
-    r.y = ref.data();
-    gemm_reference(r);
+    gemm_reference(op.host(g, ref.data()));
     std::size_t count = 0;
     ok(runner.candidates(g, count));
     INFO("m " << s.m << " n " << s.n << " k " << s.k << ": " << count << " candidates");
