@@ -272,6 +272,12 @@ TEST_CASE(
   }
 }
 
+/// A bf16 GEMM's shape: y [m, n] = x [m, k] . w [n, k]^T (+ bias).
+struct gemm_shape {
+  uint32_t m, n, k;
+  bool bias;
+};
+
 /// A GEMM's random operands (x [m, k], w [n, k], bias [n]) on the host and the device.
 struct gemm_operands {
   std::vector<uint16_t> x, w, bias;
@@ -304,15 +310,11 @@ TEST_CASE("gemm with accumulate adds x . w^T to y once per run, the tuner's tria
   std::mt19937 rng(13);
   gemm_runner runner;
   ok(runner.init());
-  struct shape {
-    uint32_t m, n, k;
-    bool bias;
-  };
   // m = 128 and 512 are tuned on first use (multiples of 64); 1 and 37 keep the heuristic's pick.
-  std::vector<shape> shapes = {
+  std::vector<gemm_shape> shapes = {
       {128, 4096, 4096, false}, {1, 4096, 4096, false}, {37, 1003, 1024, true}, {512, 4096, 14336, false}};
   if (small_sweep()) shapes.resize(3);
-  for (const shape& s : shapes) {
+  for (const gemm_shape& s : shapes) {
     const gemm_operands op(s.m, s.n, s.k, rng);
     const auto y0 = random_bf16(uint64_t{s.m} * s.n, rng, 4.0f);
     dbuf<uint16_t> dy(y0);
@@ -342,14 +344,10 @@ TEST_CASE("gemm: every cuBLASLt algorithm the tuner may keep is right") {
   std::mt19937 rng(7);
   gemm_runner runner;
   ok(runner.init());
-  struct shape {
-    uint32_t m, n, k;
-    bool bias;
-  };
-  std::vector<shape> shapes = {
+  std::vector<gemm_shape> shapes = {
       {64, 4096, 14336, false}, {8, 6144, 4096, false}, {96, 1003, 1024, true}, {256, 4096, 4096, false}};
   if (small_sweep()) shapes.resize(2);
-  for (const shape& s : shapes) {
+  for (const gemm_shape& s : shapes) {
     const gemm_operands op(s.m, s.n, s.k, rng);
     dbuf<uint16_t> dy(uint64_t{s.m} * s.n);
     const gemm_params g = op.device(s.m, s.n, s.k, s.bias, dy.get());
