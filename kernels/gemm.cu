@@ -1,5 +1,6 @@
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -192,6 +193,18 @@ tune_mode tuning() {
   return mode;
 }
 
+// DUET_GEMM_TUNE_ORDER=seq: each candidate's runs one after another, their mean kept (the rule
+// before 2026-12-06, late). Otherwise every candidate runs once per round, rounds alternating
+// forward and backward, and each keeps its median: a prefill pass tunes while the card climbs
+// to its power limit, and in candidate order the later ones were timed on a hotter, slower card.
+bool tune_interleaved() {
+  static const bool interleaved = [] {
+    const char* v = std::getenv("DUET_GEMM_TUNE_ORDER");
+    return !(v && std::strcmp(v, "seq") == 0);
+  }();
+  return interleaved;
+}
+
 // Shapes worth timing: decode buckets (powers of two up to 32, then multiples of 32;
 // runtime/decode_buckets.hpp) and full prefill passes (multiples of 64). Other shapes keep the
 // heuristic's first choice, since a chunk's odd tail would otherwise pay for a tuning pass of its
@@ -305,9 +318,10 @@ struct gemm_runner::impl {
     return {};
   }
 
-  // Keeps the fastest candidate. A decode-sized GEMM (cold tuning) is timed over 5 runs, each
-  // after L2 is refilled with other data, as it runs in a step; a larger one over 3 runs back to
-  // back, which is how a prefill pass runs them. Each candidate runs once untimed first.
+  // Keeps the fastest candidate. Each runs once untimed first, then 5 timed runs in rounds
+  // (tune_interleaved). A decode-sized GEMM (cold tuning) runs each after L2 is refilled with
+  // other data, as it runs in a step; a larger one right after the run before, as a prefill pass
+  // runs them.
   kstatus tune(const gemm_params& p, plan& pl, cudaStream_t stream) {
     // An accumulating GEMM's trials read y and write a scratch copy of it: y must be added to once.
     void* scratch = nullptr;
@@ -337,39 +351,58 @@ struct gemm_runner::impl {
                        p.m);
       }
     }
-    const int runs = evict ? 5 : 3;
-    cudaEvent_t marks[2 * 5];
+    const std::size_t count = pl.candidates.size();
+    std::vector<char> usable(count, 0);
+    for (std::size_t i = 0; i < count; ++i)  // untimed: each algorithm's first run
+      usable[i] = matmul(p, pl, pl.candidates[i], stream, scratch).ok();
+    const int runs = tune_interleaved() ? 5 : (evict ? 5 : 3);
+    std::vector<cudaEvent_t> marks(2 * runs * count, nullptr);
     for (cudaEvent_t& e : marks) DUET_KCHECK(cudaEventCreate(&e));
+    auto mark = [&](std::size_t i, int r, int end) -> cudaEvent_t& {
+      return marks[(i * runs + r) * 2 + end];
+    };
+    auto time_one = [&](std::size_t i, int r) {
+      if (evict) {
+        l2_evict_kernel<<<512, 256, 0, stream>>>(static_cast<const uint4*>(evict),
+                                                 evict_bytes / 16, static_cast<uint32_t*>(evict));
+      }
+      cudaEventRecord(mark(i, r, 0), stream);
+      if (!matmul(p, pl, pl.candidates[i], stream, scratch).ok()) usable[i] = 0;
+      cudaEventRecord(mark(i, r, 1), stream);
+    };
+    if (tune_interleaved()) {
+      // Round r runs every candidate once, in forward and backward order by turns: a card that
+      // heats up (and slows) while tuning then weighs on every candidate alike.
+      for (int r = 0; r < runs; ++r) {
+        for (std::size_t j = 0; j < count; ++j) {
+          const std::size_t i = r % 2 == 0 ? j : count - 1 - j;
+          if (usable[i]) time_one(i, r);
+        }
+      }
+    } else {
+      for (std::size_t i = 0; i < count; ++i) {
+        for (int r = 0; r < runs && usable[i]; ++r) time_one(i, r);
+      }
+    }
+    const bool synced = cudaStreamSynchronize(stream) == cudaSuccess;
     float best = 1e30f, first = 0;
     int best_index = -1;
     cublasLtMatmulAlgo_t best_algo = pl.algo;
-    for (std::size_t i = 0; i < pl.candidates.size(); ++i) {
-      const cublasLtMatmulAlgo_t& algo = pl.candidates[i];
-      if (!matmul(p, pl, algo, stream, scratch).ok()) continue;
-      bool ok = true;
-      for (int r = 0; r < runs && ok; ++r) {
-        if (evict) {
-          l2_evict_kernel<<<512, 256, 0, stream>>>(static_cast<const uint4*>(evict),
-                                                   evict_bytes / 16, static_cast<uint32_t*>(evict));
-        }
-        // Back to back, one pair of marks spans all runs.
-        if (evict || r == 0) cudaEventRecord(marks[evict ? 2 * r : 0], stream);
-        ok = matmul(p, pl, algo, stream, scratch).ok();
-        if (evict || r == runs - 1) cudaEventRecord(marks[evict ? 2 * r + 1 : 1], stream);
-      }
-      if (!ok) continue;
-      if (cudaEventSynchronize(marks[evict ? 2 * runs - 1 : 1]) != cudaSuccess) break;
+    for (std::size_t i = 0; i < count && synced; ++i) {
+      if (!usable[i]) continue;
+      std::vector<float> times(runs);
+      for (int r = 0; r < runs; ++r) cudaEventElapsedTime(&times[r], mark(i, r, 0), mark(i, r, 1));
       float ms = 0;
-      for (int r = 0; r < (evict ? runs : 1); ++r) {
-        float one = 0;
-        cudaEventElapsedTime(&one, marks[2 * r], marks[2 * r + 1]);
-        ms += one;
+      if (tune_interleaved()) {  // the median: one stalled run does not decide
+        std::nth_element(times.begin(), times.begin() + runs / 2, times.end());
+        ms = times[runs / 2];
+      } else {
+        for (const float t : times) ms += t / static_cast<float>(runs);
       }
-      ms /= static_cast<float>(runs);
       if (i == 0) first = ms;
       if (ms < best) {
         best = ms;
-        best_algo = algo;
+        best_algo = pl.candidates[i];
         best_index = static_cast<int>(i);
       }
     }
