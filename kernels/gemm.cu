@@ -1,12 +1,12 @@
 #include <cublasLt.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/device_util.cuh"
@@ -194,9 +194,8 @@ tune_mode tuning() {
 }
 
 // DUET_GEMM_TUNE_ORDER=seq: each candidate's runs one after another, their mean kept (the rule
-// before 2026-12-06, late). Otherwise every candidate runs once per round, rounds alternating
-// forward and backward, and each keeps its median: a prefill pass tunes while the card climbs
-// to its power limit, and in candidate order the later ones were timed on a hotter, slower card.
+// before 2026-12-06, late); otherwise in rounds (tuning_trial_order): a prefill pass tunes while
+// the card climbs to its power limit, and in candidate order the later ones ran on a hotter card.
 bool tune_interleaved() {
   static const bool interleaved = [] {
     const char* v = std::getenv("DUET_GEMM_TUNE_ORDER");
@@ -355,34 +354,22 @@ struct gemm_runner::impl {
     std::vector<char> usable(count, 0);
     for (std::size_t i = 0; i < count; ++i)  // untimed: each algorithm's first run
       usable[i] = matmul(p, pl, pl.candidates[i], stream, scratch).ok();
-    const int runs = tune_interleaved() ? 5 : (evict ? 5 : 3);
+    const bool interleaved = tune_interleaved();
+    const uint32_t runs = interleaved || evict ? 5 : 3;
     std::vector<cudaEvent_t> marks(2 * runs * count, nullptr);
     for (cudaEvent_t& e : marks) DUET_KCHECK(cudaEventCreate(&e));
-    auto mark = [&](std::size_t i, int r, int end) -> cudaEvent_t& {
+    auto mark = [&](std::size_t i, uint32_t r, int end) -> cudaEvent_t& {
       return marks[(i * runs + r) * 2 + end];
     };
-    auto time_one = [&](std::size_t i, int r) {
+    for (const tuning_trial& t : tuning_trial_order(static_cast<uint32_t>(count), runs, interleaved)) {
+      if (!usable[t.candidate]) continue;
       if (evict) {
         l2_evict_kernel<<<512, 256, 0, stream>>>(static_cast<const uint4*>(evict),
                                                  evict_bytes / 16, static_cast<uint32_t*>(evict));
       }
-      cudaEventRecord(mark(i, r, 0), stream);
-      if (!matmul(p, pl, pl.candidates[i], stream, scratch).ok()) usable[i] = 0;
-      cudaEventRecord(mark(i, r, 1), stream);
-    };
-    if (tune_interleaved()) {
-      // Round r runs every candidate once, in forward and backward order by turns: a card that
-      // heats up (and slows) while tuning then weighs on every candidate alike.
-      for (int r = 0; r < runs; ++r) {
-        for (std::size_t j = 0; j < count; ++j) {
-          const std::size_t i = r % 2 == 0 ? j : count - 1 - j;
-          if (usable[i]) time_one(i, r);
-        }
-      }
-    } else {
-      for (std::size_t i = 0; i < count; ++i) {
-        for (int r = 0; r < runs && usable[i]; ++r) time_one(i, r);
-      }
+      cudaEventRecord(mark(t.candidate, t.round, 0), stream);
+      if (!matmul(p, pl, pl.candidates[t.candidate], stream, scratch).ok()) usable[t.candidate] = 0;
+      cudaEventRecord(mark(t.candidate, t.round, 1), stream);
     }
     const bool synced = cudaStreamSynchronize(stream) == cudaSuccess;
     float best = 1e30f, first = 0;
@@ -391,14 +378,9 @@ struct gemm_runner::impl {
     for (std::size_t i = 0; i < count && synced; ++i) {
       if (!usable[i]) continue;
       std::vector<float> times(runs);
-      for (int r = 0; r < runs; ++r) cudaEventElapsedTime(&times[r], mark(i, r, 0), mark(i, r, 1));
-      float ms = 0;
-      if (tune_interleaved()) {  // the median: one stalled run does not decide
-        std::nth_element(times.begin(), times.begin() + runs / 2, times.end());
-        ms = times[runs / 2];
-      } else {
-        for (const float t : times) ms += t / static_cast<float>(runs);
-      }
+      for (uint32_t r = 0; r < runs; ++r)
+        cudaEventElapsedTime(&times[r], mark(i, r, 0), mark(i, r, 1));
+      const float ms = tuning_trial_time(std::move(times), interleaved);
       if (i == 0) first = ms;
       if (ms < best) {
         best = ms;

@@ -9,7 +9,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
 #include <memory>
+#include <vector>
 
 #include "kernels/kernel_status.hpp"
 
@@ -71,5 +73,46 @@ class gemm_runner {
 
 /// fp32 accumulation over the same bf16 inputs (output rounded to bf16 unless y_fp32).
 void gemm_reference(const gemm_params& p);
+
+/// One timed run of a shape's tuning: candidate algorithm `candidate`, its run `round`.
+struct tuning_trial {
+  uint32_t candidate;
+  uint32_t round;
+};
+
+/// The order of a shape's timed runs. Interleaved: every candidate once per round, rounds
+/// forward and backward by turns, so that a card heating up while it tunes weighs on every
+/// candidate alike; otherwise each candidate's rounds in a row.
+[[nodiscard]] inline std::vector<tuning_trial> tuning_trial_order(uint32_t candidates,
+                                                                  uint32_t rounds,
+                                                                  bool interleaved) {
+  std::vector<tuning_trial> order;
+  order.reserve(std::size_t{candidates} * rounds);
+  if (interleaved) {
+    for (uint32_t r = 0; r < rounds; ++r) {
+      for (uint32_t j = 0; j < candidates; ++j)
+        order.push_back({r % 2 == 0 ? j : candidates - 1 - j, r});
+    }
+  } else {
+    for (uint32_t i = 0; i < candidates; ++i) {
+      for (uint32_t r = 0; r < rounds; ++r) order.push_back({i, r});
+    }
+  }
+  return order;
+}
+
+/// The time a candidate is judged by: the median of its runs when interleaved (one stalled run
+/// does not decide), their mean otherwise (the rule before 2026-12-06). 0 for no runs.
+[[nodiscard]] inline float tuning_trial_time(std::vector<float> runs, bool interleaved) {
+  if (runs.empty()) return 0.0f;
+  if (interleaved) {
+    const auto middle = runs.begin() + static_cast<std::ptrdiff_t>(runs.size() / 2);
+    std::nth_element(runs.begin(), middle, runs.end());
+    return *middle;
+  }
+  float sum = 0.0f;
+  for (const float t : runs) sum += t;
+  return sum / static_cast<float>(runs.size());
+}
 
 }  // namespace duet::kernels

@@ -339,6 +339,31 @@ TEST_CASE("gemm with accumulate adds x . w^T to y once per run, the tuner's tria
   CHECK(refused.message().find("accumulate") != std::string::npos);
 }
 
+TEST_CASE("gemm tuning times every candidate once per round, in alternating order, by the median") {
+  // Host-only: runs without a GPU.
+  const auto order = tuning_trial_order(3, 4, true);
+  REQUIRE(order.size() == 12);
+  const uint32_t expected[12][2] = {{0, 0}, {1, 0}, {2, 0}, {2, 1}, {1, 1}, {0, 1},
+                                    {0, 2}, {1, 2}, {2, 2}, {2, 3}, {1, 3}, {0, 3}};
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    INFO("trial " << i);
+    CHECK(order[i].candidate == expected[i][0]);
+    CHECK(order[i].round == expected[i][1]);
+  }
+  // Each candidate's runs in a row (DUET_GEMM_TUNE_ORDER=seq).
+  const auto in_a_row = tuning_trial_order(2, 3, false);
+  REQUIRE(in_a_row.size() == 6);
+  for (std::size_t i = 0; i < in_a_row.size(); ++i) {
+    CHECK(in_a_row[i].candidate == i / 3);
+    CHECK(in_a_row[i].round == i % 3);
+  }
+  CHECK(tuning_trial_order(0, 5, true).empty());
+  // One stalled run does not decide in rounds; in a row the mean counts it.
+  CHECK(tuning_trial_time({1.0f, 9.0f, 1.2f, 1.1f, 0.9f}, true) == doctest::Approx(1.1f));
+  CHECK(tuning_trial_time({1.0f, 2.0f, 3.0f}, false) == doctest::Approx(2.0f));
+  CHECK(tuning_trial_time({}, true) == 0.0f);
+}
+
 TEST_CASE("gemm: every cuBLASLt algorithm the tuner may keep is right") {
   DUET_REQUIRE_GPU();
   std::mt19937 rng(7);
