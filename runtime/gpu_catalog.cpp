@@ -90,7 +90,7 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
                                  std::string_view expected_gpu) {
   static const std::set<std::string, std::less<>> keys = {
       "gpu", "measured", "source", "step_overhead_s", "decode_sequence_overhead_s",
-      "gemm", "attention", "memory", "prefill_memory", "split_bandwidth", "split_kv_bandwidth", "split_compute",
+      "gemm", "attention", "memory", "prefill_memory", "prefill_gemm_row_tile", "split_bandwidth", "split_kv_bandwidth", "split_compute",
       "split_decode_slowdown", "split_prefill_slowdown", "concurrent_decode_slowdown",
       "concurrent_prefill_slowdown", "concurrent_decode_delay_s", "concurrent_decode_tile_keys",
       "concurrent_decode_delay_by_overlap", "concurrent_overlap_on_prefill_start", "concurrent_prefill_yield", "concurrent_prefill_attention_yield",
@@ -179,6 +179,12 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
     }
   }
   if (const auto* n = root.get("prefill_memory")) cal.prefill_memory = fraction(file, *n, "prefill_memory");
+  if (const auto* n = root.get("prefill_gemm_row_tile")) {
+    const auto rows = n->as_integer();
+    if (!rows || rows->get() < 1 || rows->get() > 4096)
+      fail(file, n, "prefill_gemm_row_tile", "must be a whole number of rows from 1 to 4096");
+    cal.prefill_gemm_row_tile = static_cast<uint32_t>(rows->get());
+  }
   if (const auto* n = root.get("shared_prefill_delay_s"))
     cal.shared_prefill_delay_s = number(file, *n, "shared_prefill_delay_s", false);
   if (const auto* n = root.get("front_end_s")) cal.front_end_s = number(file, *n, "front_end_s", false);

@@ -92,7 +92,10 @@ cost_model::prefill_compute cost_model::prefill_compute_parts(uint64_t chunk_tok
                                                              double attention_flops) const {
   const auto& cal = gpu_.calibration;
   const double tokens = double(chunk_tokens_total);
-  const double linear = 2.0 * double(shape_.linear_params()) * tokens;
+  // The GEMMs run whole row tiles: the rows past the last token are computed all the same.
+  const uint64_t tile = cal.prefill_gemm_row_tile.value_or(1);
+  const double gemm_rows = double((chunk_tokens_total + tile - 1) / tile * tile);
+  const double linear = 2.0 * double(shape_.linear_params()) * gemm_rows;
   const double per_pair = 4.0 * shape_.layers * shape_.heads * shape_.head_dim;
   const double keys_per_query = tokens > 0 ? attention_flops / (per_pair * tokens) : 0.0;
   // On a green context a prefill step reaches less than its share of the GPU's peak: the SM
@@ -100,7 +103,7 @@ cost_model::prefill_compute cost_model::prefill_compute_parts(uint64_t chunk_tok
   const double split = sm_share_ < 1.0 ? cal.split_compute.at(sm_share_, 1.0) : 1.0;
   const double peak = gpu_.bf16_flops * sm_share_ * split;
   prefill_compute out;
-  out.gemm_efficiency = cal.gemm.at(tokens, gpu_.gemm_efficiency);
+  out.gemm_efficiency = cal.gemm.at(gemm_rows, gpu_.gemm_efficiency);
   out.attention_efficiency = cal.attention.at(keys_per_query, gpu_.gemm_efficiency);
   out.gemm_s = linear / (peak * out.gemm_efficiency);
   out.attention_s = attention_flops / (peak * out.attention_efficiency);

@@ -64,6 +64,11 @@ struct gpu_calibration {
   // kernels run one by one, not in one graph), times split_bandwidth on a share. Unset: the
   // memory curve at the weights' bytes, on the whole GPU's bandwidth at any share.
   std::optional<double> prefill_memory;
+  // A prefill step's GEMMs compute whole tiles of this many rows: a step of T tokens is priced
+  // as ceil(T / this) tiles, its GEMM FLOPs and the gemm curve both at those rows (a step of 700
+  // tokens as one of 768 at 128). Unset: T exactly, as the curve's points were measured at
+  // multiples of 64 and 128 (the model before 2026-12-06, late).
+  std::optional<uint32_t> prefill_gemm_row_tile;
   // Engines on the two shares of one split GPU (event_sim): a decode step runs this many times
   // as long while the other share's prefill step is in flight, for the part of it they overlap
   // (the SMs are split, the HBM and L2 are not). split_bandwidth and split_kv_bandwidth are

@@ -389,6 +389,27 @@ TEST_CASE(
   CHECK(contains(error_of<gpu_catalog_error>(
                      [&] { (void)load_gpu_calibration(dir / "prefill_memory_above_one.toml"); }),
                  "prefill_memory"));
+  // prefill_gemm_row_tile: a step's GEMMs are priced on whole tiles of rows, FLOPs and the gemm
+  // curve both (measured on an H100: 513 tokens took 23 % longer than 512, 704 about as long as
+  // 768; docs/sim.md). The curve rises with rows, so without the key 513 tokens cost less than 576.
+  std::ofstream(dir / "row_tile.toml") << "gemm = [[512, 0.5], [1024, 0.7]]\nstep_overhead_s = 0\n"
+                                          "prefill_gemm_row_tile = 64\n";
+  auto tile_gpu = h20;
+  tile_gpu.calibration = load_gpu_calibration(dir / "row_tile.toml");
+  const cost_model tiled(shape, tile_gpu, 1.0);
+  const double linear_576 = 2.0 * double(shape.linear_params()) * 576;
+  const double e_576 = 0.5 + 0.2 * std::log2(576.0 / 512.0);  // the curve is linear in log rows
+  CHECK(tiled.prefill_seconds(513, 0) == Approx(linear_576 / (h20.bf16_flops * e_576)).epsilon(1e-9));
+  CHECK(tiled.prefill_seconds(513, 0) == Approx(tiled.prefill_seconds(576, 0)).epsilon(1e-12));
+  CHECK(tiled.prefill_seconds(512, 0) < tiled.prefill_seconds(513, 0));
+  tile_gpu.calibration.prefill_gemm_row_tile.reset();
+  const cost_model untiled(shape, tile_gpu, 1.0);
+  CHECK(untiled.prefill_seconds(513, 0) < untiled.prefill_seconds(576, 0));
+  for (const char* bad : {"0", "1.5", "5000"}) {
+    std::ofstream(dir / "row_tile_bad.toml") << "prefill_gemm_row_tile = " << bad << "\n";
+    CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "row_tile_bad.toml"); }),
+                   "prefill_gemm_row_tile"));
+  }
   std::ofstream(dir / "kv_share_above_one.toml") << "split_kv_bandwidth = [[0.5, 0.3], [1.5, 1.0]]\n";
   CHECK(contains(error_of<gpu_catalog_error>(
                      [&] { (void)load_gpu_calibration(dir / "kv_share_above_one.toml"); }),
