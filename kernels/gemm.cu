@@ -318,7 +318,7 @@ struct gemm_runner::impl {
   }
 
   // Keeps the fastest candidate. Each runs once untimed first, then 5 timed runs in rounds
-  // (tune_interleaved). A decode-sized GEMM (cold tuning) runs each after L2 is refilled with
+  // (tune_interleaved; in a row: 3, or 5 with L2 evicted). A decode-sized GEMM (cold tuning) runs each after L2 is refilled with
   // other data, as it runs in a step; a larger one right after the run before, as a prefill pass
   // runs them.
   kstatus tune(const gemm_params& p, plan& pl, cudaStream_t stream) {

@@ -7,9 +7,9 @@
 // 1), which may also apply SwiGLU to its input on the fly (x = silu_mul(gate_up), silu_mul.cuh).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <algorithm>
 #include <memory>
 #include <vector>
 
