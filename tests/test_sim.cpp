@@ -265,6 +265,24 @@ TEST_CASE("config/gpus.toml holds the same numbers as the built-in table") {
   CHECK(h20->nvlink_bandwidth * 2 == 900e9);
 }
 
+TEST_CASE("every calibration file the repository ships loads") {
+  // A typo in a key or a curve would otherwise surface only when a run names the file.
+  std::size_t files = 0;
+  for (const auto& entry : fs::directory_iterator(fs::path(DUET_SOURCE_DIR) / "config" / "calibration-duet")) {
+    if (entry.path().extension() != ".toml") continue;
+    CAPTURE(entry.path().string());
+    CHECK_NOTHROW((void)load_gpu_calibration(entry.path()));
+    ++files;
+  }
+  CHECK(files >= 20);
+  const auto tiled = load_gpu_calibration(fs::path(DUET_SOURCE_DIR) / "config" / "calibration-duet" /
+                                          "h100-cuda-engine-2026-12-06k.toml");
+  CHECK(tiled.prefill_gemm_row_tile == 64u);
+  CHECK_FALSE(load_gpu_calibration(fs::path(DUET_SOURCE_DIR) / "config" / "calibration-duet" /
+                                   "h100-cuda-engine-2026-12-06h.toml")
+                  .prefill_gemm_row_tile.has_value());
+}
+
 TEST_CASE("a GPU spec file adds GPUs, and a broken one is an error that names file, line and key") {
   const auto dir = scratch_dir("specs");
   std::ofstream(dir / "gpus.toml") << "[gpus.toy]\nbf16_flops = 100e12\nmemory_bandwidth = 1e12\n"
