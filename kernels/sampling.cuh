@@ -45,7 +45,14 @@ struct sample_params {
       nullptr;  // [rows, max_top], most likely first (ties: lower id); may be null if max_top == 0
   float* top_logprobs = nullptr;  // [rows, max_top]
   uint32_t max_top = 0;
+  // Optional workspace of sample_stats_bytes(rows, vocab): a first kernel of many CTAs reads each
+  // row once for its maximum, first argmax and sum of exponentials, in sample_stat_splits(vocab)
+  // pieces, instead of the row's one CTA reading it twice. Null: the one CTA does.
+  void* stats = nullptr;
 };
+
+uint32_t sample_stat_splits(uint32_t vocab);
+uint64_t sample_stats_bytes(uint32_t rows, uint32_t vocab);
 
 kstatus sample_tokens(const sample_params& p, cudaStream_t stream);
 /// The same semantics on the host (double where the kernel uses double, the same fixed point).

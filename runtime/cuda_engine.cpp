@@ -375,7 +375,7 @@ struct cuda_engine::device_buffers {
   void* meta_host = nullptr;  // pinned
   device_mem meta_dev;
   device_mem x, h, qkv, attn, gate_up, act, delta, hsel, logits, rope_cos, rope_sin, attn_ws;
-  device_mem tokens_out, logprobs_out, top_ids, top_logprobs;
+  device_mem tokens_out, logprobs_out, top_ids, top_logprobs, sample_stats;
   void* out_host = nullptr;         // pinned: tokens, logprobs, top ids, top logprobs
   cudaEvent_t meta_sent = nullptr;  // the last upload of meta_host has been read
   uint32_t max_rows = 0, max_outputs = 0, rope_positions = 0;
@@ -714,6 +714,7 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
   b.delta = device_mem(rows * hidden * 2);
   b.hsel = device_mem(uint64_t{b.max_outputs} * hidden * 2);
   b.logits = device_mem(uint64_t{b.max_outputs} * c.vocab_size * 4);
+  b.sample_stats = device_mem(k::sample_stats_bytes(b.max_outputs, c.vocab_size));
   const uint64_t attn_ws =
       k::decode_attention_workspace_bytes(params_.max_batch, c.num_attention_heads,
                                           c.num_key_value_heads, k::decode_attention_max_splits);
@@ -756,6 +757,7 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
   }
   if (const char* v = std::getenv("DUET_KV_READ_STAGING"))
     staged_reads_ = std::string_view(v) != "0";
+  if (const char* v = std::getenv("DUET_SAMPLE_SPLIT")) split_sampling_ = std::string_view(v) != "0";
   // Multiples of 32 above 32: a batch of 129 runs 160 rows, not 256 (a bucket's GEMMs cost as
   // its rows do; docs/cuda-engine.md). DUET_DECODE_BUCKET_STEP=0: powers of two only.
   buckets_ = decode_graph_buckets(params_.max_batch, decode_bucket_step_from_env());
@@ -1001,6 +1003,7 @@ void cuda_engine::forward(const pass& ps, void* stream) {
   sp.top_ids = b.top_ids.as<int32_t>();
   sp.top_logprobs = b.top_logprobs.as<float>();
   sp.max_top = ps.decode ? k::sampling_max_top : ps.max_top;
+  if (split_sampling_) sp.stats = b.sample_stats.ptr;
   kcheck(k::sample_tokens(sp, s));
 }
 

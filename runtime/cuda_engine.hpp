@@ -155,6 +155,7 @@ class cuda_engine final : public engine {
   mutable std::unique_ptr<read_staging> read_staging_;
   mutable std::once_flag read_staging_made_;
   bool staged_reads_ = true;  // DUET_KV_READ_STAGING=0: copy straight to pageable memory (A/B runs)
+  bool split_sampling_ = true;  // DUET_SAMPLE_SPLIT=0: one CTA per row reads its logits twice
   void read_blocks_staged(std::span<const uint32_t> blocks, std::span<std::byte> out) const;
   std::unique_ptr<device_buffers> buf_;
   void allocate_pool(uint64_t block_bytes);

@@ -2,7 +2,7 @@
 # Engine settings side by side on the GPU machine, in one device call, for the prefill or the
 # decode phase (GPU_AB_PHASE=prefill, the default, or decode):
 #   build -> the phase's kernel tests (prefill: every attention variant against the fp64
-#   reference; decode: the GEMMs, every cuBLASLt candidate included; outputs poisoned) ->
+#   reference; decode: the GEMMs, every cuBLASLt candidate included, and sampling; outputs poisoned) ->
 #   prefill: one-layer kernel rates of every attention variant (bench_cuda_engine --kernels-only)
 #   -> the engine tests and the engine's rows of the phase (--prefill-only / --decode-only) under
 #   each configuration in turn, alternating for GPU_AB_ROUNDS rounds -> memcheck and racecheck on
@@ -27,7 +27,7 @@ ROUNDS=${GPU_AB_ROUNDS:-2}
 PHASE=${GPU_AB_PHASE:-prefill}
 case "$PHASE" in
   prefill) TESTS='prefill_attention*' ;;
-  decode) TESTS='*gemm*' ;;
+  decode) TESTS='*gemm*,*sample_tokens*' ;;
   *) echo "GPU_AB_PHASE must be prefill or decode, not $PHASE" >&2; exit 2 ;;
 esac
 DEADLINE=${GPU_AB_DEADLINE:-560}

@@ -801,6 +801,67 @@ TEST_CASE(
   check(cudaStreamDestroy(stream), "stream");
 }
 
+/// Samples `logits` ([rows, vocab]) on the GPU, without and with the split statistics, and
+/// checks both against sample_tokens_reference: tokens and top ids exact, logprobs within 1e-3
+/// (equal where the reference's are infinite or NaN). Returns the reference's tokens.
+std::vector<int32_t> check_sampling_against_reference(const std::vector<float>& logits,
+                                      const std::vector<sample_row>& rows, uint32_t vocab,
+                                      uint32_t max_top) {
+  const uint32_t n = static_cast<uint32_t>(rows.size());
+  sample_params p;
+  p.ld = vocab;
+  p.rows = n;
+  p.vocab = vocab;
+  p.max_top = max_top;
+  std::vector<int32_t> tok(n), top(uint64_t{n} * max_top);
+  std::vector<float> lp(n), toplp(uint64_t{n} * max_top);
+  sample_params r = p;
+  r.logits = logits.data();
+  r.requests = rows.data();
+  r.tokens = tok.data();
+  r.logprobs = lp.data();
+  r.top_ids = top.data();
+  r.top_logprobs = toplp.data();
+  sample_tokens_reference(r);
+  auto close = [](float a, float b) {
+    return a == b || (std::isnan(a) && std::isnan(b)) || std::abs(a - b) <= 1e-3f;
+  };
+  dbuf<float> dl(logits);
+  dbuf<sample_row> dr(rows);
+  for (bool split : {false, true}) {
+    dbuf<int32_t> dtok(n), dtop(uint64_t{n} * max_top);
+    dbuf<float> dlp(n), dtoplp(uint64_t{n} * max_top);
+    dbuf<uint8_t> dstats(sample_stats_bytes(n, vocab));
+    sample_params g = p;
+    g.logits = dl.get();
+    g.requests = dr.get();
+    g.tokens = dtok.get();
+    g.logprobs = dlp.get();
+    g.top_ids = dtop.get();
+    g.top_logprobs = dtoplp.get();
+    g.stats = split ? static_cast<void*>(dstats.get()) : nullptr;
+    ok(sample_tokens(g, nullptr));
+    const auto gtok = dtok.download();
+    const auto glp = dlp.download();
+    const auto gtop = dtop.download();
+    const auto gtoplp = dtoplp.download();
+    for (uint32_t i = 0; i < n; ++i) {
+      INFO("vocab " << vocab << " split " << split << " row " << i << " t "
+                    << rows[i].temperature << " k " << rows[i].top_k << " p " << rows[i].top_p
+                    << " min_p " << rows[i].min_p);
+      CHECK(gtok[i] == tok[i]);  // exact: same thresholds, same id-order draw
+      CHECK(close(glp[i], lp[i]));
+      for (uint32_t j = 0; j < max_top; ++j) {
+        CHECK(gtop[uint64_t{i} * max_top + j] == top[uint64_t{i} * max_top + j]);
+        if (top[uint64_t{i} * max_top + j] >= 0) {
+          CHECK(close(gtoplp[uint64_t{i} * max_top + j], toplp[uint64_t{i} * max_top + j]));
+        }
+      }
+    }
+  }
+  return tok;
+}
+
 TEST_CASE(
     "sample_tokens: greedy, temperature with top-k/top-p/min-p, logprobs and top-N match the "
     "reference") {
@@ -837,52 +898,44 @@ TEST_CASE(
     for (auto& v : logits) v = d(rng);
     logits[uint64_t{1} * vocab + 17] = 100.0f;  // row 1: a tie at the maximum, lowest id wins
     logits[uint64_t{1} * vocab + 5] = 100.0f;
-    const uint32_t max_top = 20;
-    dbuf<float> dl(logits);
-    dbuf<sample_row> dr(rows);
-    dbuf<int32_t> dtok(n), dtop(uint64_t{n} * max_top);
-    dbuf<float> dlp(n), dtoplp(uint64_t{n} * max_top);
-    sample_params p;
-    p.ld = vocab;
-    p.rows = n;
-    p.vocab = vocab;
-    p.max_top = max_top;
-    sample_params g = p;
-    g.logits = dl.get();
-    g.requests = dr.get();
-    g.tokens = dtok.get();
-    g.logprobs = dlp.get();
-    g.top_ids = dtop.get();
-    g.top_logprobs = dtoplp.get();
-    ok(sample_tokens(g, nullptr));
-    std::vector<int32_t> tok(n), top(uint64_t{n} * max_top);
-    std::vector<float> lp(n), toplp(uint64_t{n} * max_top);
-    sample_params r = p;
-    r.logits = logits.data();
-    r.requests = rows.data();
-    r.tokens = tok.data();
-    r.logprobs = lp.data();
-    r.top_ids = top.data();
-    r.top_logprobs = toplp.data();
-    sample_tokens_reference(r);
-    const auto gtok = dtok.download();
-    const auto glp = dlp.download();
-    const auto gtop = dtop.download();
-    const auto gtoplp = dtoplp.download();
-    CHECK(gtok[1] == 5);
-    for (uint32_t i = 0; i < n; ++i) {
-      INFO("vocab " << vocab << " row " << i << " t " << rows[i].temperature << " k "
-                    << rows[i].top_k << " p " << rows[i].top_p << " min_p " << rows[i].min_p);
-      CHECK(gtok[i] == tok[i]);  // exact: same thresholds, same id-order draw
-      CHECK(std::abs(glp[i] - lp[i]) <= 1e-3f);
-      for (uint32_t j = 0; j < max_top; ++j) {
-        CHECK(gtop[uint64_t{i} * max_top + j] == top[uint64_t{i} * max_top + j]);
-        if (top[uint64_t{i} * max_top + j] >= 0) {
-          CHECK(std::abs(gtoplp[uint64_t{i} * max_top + j] - toplp[uint64_t{i} * max_top + j]) <=
-                1e-3f);
-        }
-      }
+    const auto tokens = check_sampling_against_reference(logits, rows, vocab, 20);
+    CHECK(tokens[1] == 5);
+  }
+}
+
+TEST_CASE("sample_tokens: ties, NaN and infinities across the split statistics' pieces") {
+  DUET_REQUIRE_GPU();
+  uint32_t span = 1;  // logits per piece: the largest vocabulary that is one piece
+  while (sample_stat_splits(span + 1) == 1) ++span;
+  REQUIRE(span < 128256);
+  for (uint32_t vocab : {128256u, 4099u, 2048u, 7u}) {
+    std::vector<sample_row> rows(6);
+    rows[4].temperature = 1.0f;  // the draw skips NaN (top-N of a row with NaN is not defined)
+    rows[5].top_logprobs = 3;
+    const uint32_t n = static_cast<uint32_t>(rows.size());
+    std::vector<float> logits(uint64_t{n} * vocab);
+    std::mt19937 rng(vocab);
+    std::normal_distribution<float> d(0.0f, 2.0f);
+    for (auto& v : logits) v = d(rng);
+    auto at = [&](uint32_t r, uint32_t i) -> float& {
+      return logits[uint64_t{r} * vocab + std::min(i, vocab - 1)];
+    };
+    at(0, vocab - 1) = 50.0f;  // row 0: equal maxima in the last and first pieces: the first id
+    at(0, 3) = 50.0f;
+    const bool two_pieces = vocab > span + 1;
+    if (two_pieces) {
+      at(1, span + 1) = 50.0f;  // row 1: in the second piece, and NaN beside it
+      at(1, span) = std::nanf("");
     }
+    for (uint32_t i = 0; i < vocab; ++i) at(2, i) = -INFINITY;  // row 2: nothing but -inf
+    at(3, vocab / 2) = INFINITY;                                 // row 3: +inf twice
+    at(3, vocab - 1) = INFINITY;
+    const uint32_t nan_end = two_pieces ? span : vocab / 2;  // row 4: a piece of NaN
+    for (uint32_t i = 0; i < nan_end; ++i) at(4, i) = std::nanf("");
+    const auto tokens = check_sampling_against_reference(logits, rows, vocab, 4);
+    CHECK(tokens[0] == 3);
+    if (two_pieces) CHECK(tokens[1] == static_cast<int32_t>(span + 1));
+    CHECK(tokens[3] == static_cast<int32_t>(vocab / 2));
   }
 }
 
