@@ -24,8 +24,10 @@ std::unique_ptr<engine> make_engine(const deployment_config& config, const actor
   if (!shape) throw std::runtime_error("unknown model preset '" + config.model.preset + "'");
   auto gpu = find_gpu_spec(config.engine.gpu);
   if (!gpu) throw std::runtime_error("unknown GPU '" + config.engine.gpu + "'");
+  // A share below 1 priced as the SMs a green context of it gets (the CUDA engine's rounding).
   auto engine = std::make_unique<sim_engine>(*shape, *gpu, config.model.name, config.model.max_context,
-                                             config.model.block_tokens, actor.sm_share,
+                                             config.model.block_tokens,
+                                             partition_share(*gpu, actor.sm_share),
                                              config.engine.time_scale);
   // It models the CUDA engine: a decode step costs as the graph it would replay.
   if (actor.role == actor_role::decode)

@@ -97,7 +97,7 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
       "concurrent_prefill_yield_scale", "concurrent_decode_delay_scale", "concurrent_decode_slowdown_scale",
       "reserve_decode_delay_scale", "reserve_decode_delay_batch_scale", "reserve_prefill_yield_scale",
       "reserve_prefill_yield_batch_scale", "reserve_prefill_attention_yield",
-      "shared_prefill_delay_s", "front_end_s"};
+      "shared_prefill_delay_s", "front_end_s", "sm_shares"};
   gpu_calibration cal;
   cal.source = file.string();
   for (const auto& [k, v] : root) {
@@ -142,6 +142,12 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
     const auto* flag = n->as_boolean();
     if (!flag) fail(file, n, "concurrent_decode_delay_by_overlap", "must be true or false");
     cal.concurrent_decode_delay_by_overlap = flag->get();
+  }
+  if (const auto* n = root.get("sm_shares")) {
+    const auto* text = n->as_string();
+    if (!text || (text->get() != "partition" && text->get() != "nominal"))
+      fail(file, n, "sm_shares", "must be \"partition\" or \"nominal\"");
+    cal.nominal_sm_shares = text->get() == "nominal";
   }
   if (const auto* n = root.get("concurrent_overlap_on_prefill_start")) {
     const auto* flag = n->as_boolean();
@@ -212,7 +218,7 @@ gpu_spec spec_from(const std::string& name, const toml::table& table,
     enum { positive, non_negative, efficiency } rule;
     bool required;
   };
-  double sms = 0;
+  double sms = 0, partition_min = 0, partition_step = 0;
   const field fields[] = {
       {"bf16_flops", &s.bf16_flops, field::positive, true},
       {"memory_bandwidth", &s.memory_bandwidth, field::positive, true},
@@ -225,6 +231,8 @@ gpu_spec spec_from(const std::string& name, const toml::table& table,
       {"pcie_bandwidth", &s.pcie_bandwidth, field::non_negative, false},
       {"nic_bandwidth", &s.nic_bandwidth, field::non_negative, false},
       {"link_efficiency", &s.link_efficiency, field::efficiency, false},
+      {"sm_partition_min", &partition_min, field::non_negative, false},
+      {"sm_partition_step", &partition_step, field::non_negative, false},
   };
   const std::string prefix = "gpus." + name + ".";
   for (const auto& [k, v] : table) {
@@ -246,6 +254,13 @@ gpu_spec spec_from(const std::string& name, const toml::table& table,
   if (sms != std::floor(sms))
     fail(file, table.get("sms"), prefix + "sms", "must be a whole number");
   s.sms = static_cast<uint32_t>(sms);
+  for (const auto& [key, value] : {std::pair{"sm_partition_min", partition_min},
+                                   std::pair{"sm_partition_step", partition_step}}) {
+    if (value != std::floor(value) || value > sms)
+      fail(file, table.get(key), prefix + key, "must be a whole number of SMs, at most sms");
+  }
+  s.sm_partition_min = static_cast<uint32_t>(partition_min);
+  s.sm_partition_step = static_cast<uint32_t>(partition_step);
   if (const auto* d = table.get("description"); d && !d->is_string()) {
     fail(file, d, prefix + "description", "must be a string");
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <stdexcept>
 
 #include "runtime/gpu_catalog.hpp"
 
@@ -52,16 +53,37 @@ std::optional<gpu_spec> find_gpu_spec(std::string_view name) {
   // Links one way (half the data sheets' bidirectional NVLink and PCIe figures); NIC: one
   // 400 Gb/s (Hopper) or 200 Gb/s (A100, L40S) port per GPU. config/gpus.toml cites each.
   static const std::array specs = {
-      gpu_spec{"h20", 148e12, 4.0e12, 96e9, 78, 0.85, 0.88, 30e-6, 450e9, 64e9, 50e9, 0.88, {}},
-      gpu_spec{"h100", 989e12, 3.35e12, 80e9, 132, 0.70, 0.88, 30e-6, 450e9, 64e9, 50e9, 0.88, {}},
-      gpu_spec{"h200", 989e12, 4.8e12, 141e9, 132, 0.70, 0.89, 30e-6, 450e9, 64e9, 50e9, 0.88, {}},
-      gpu_spec{"a100", 312e12, 2.039e12, 80e9, 108, 0.75, 0.85, 30e-6, 300e9, 32e9, 25e9, 0.88, {}},
-      gpu_spec{"l40s", 362e12, 0.864e12, 48e9, 142, 0.70, 0.85, 30e-6, 0, 32e9, 25e9, 0.88, {}},
+      gpu_spec{"h20", 148e12, 4.0e12, 96e9, 78, 0.85, 0.88, 30e-6, 450e9, 64e9, 50e9, 0.88, {}, 8, 8},
+      gpu_spec{"h100", 989e12, 3.35e12, 80e9, 132, 0.70, 0.88, 30e-6, 450e9, 64e9, 50e9, 0.88, {}, 8, 8},
+      gpu_spec{"h200", 989e12, 4.8e12, 141e9, 132, 0.70, 0.89, 30e-6, 450e9, 64e9, 50e9, 0.88, {}, 8, 8},
+      gpu_spec{"a100", 312e12, 2.039e12, 80e9, 108, 0.75, 0.85, 30e-6, 300e9, 32e9, 25e9, 0.88, {}, 4, 2},
+      gpu_spec{"l40s", 362e12, 0.864e12, 48e9, 142, 0.70, 0.85, 30e-6, 0, 32e9, 25e9, 0.88, {}, 4, 2},
   };
   for (const auto& s : specs) {
     if (s.name == name) return s;
   }
   return std::nullopt;
+}
+
+double partition_sms(const gpu_spec& spec, double share, double available) {
+  const double total = spec.sms;
+  if (spec.sm_partition_step == 0 || spec.calibration.nominal_sm_shares)
+    return std::min(share * total, available);
+  const double step = spec.sm_partition_step;
+  const double least = std::max<double>(step, spec.sm_partition_min);
+  if (available < least) {
+    throw std::invalid_argument("sm_share " + std::to_string(share) + " on a " + spec.name +
+                                ": only " + std::to_string(static_cast<int>(available)) +
+                                " SMs are left by the other partitions (at least " +
+                                std::to_string(static_cast<int>(least)) + ")");
+  }
+  const double want = std::max(std::round(share * total / step) * step, least);
+  return std::min(want, available);
+}
+
+double partition_share(const gpu_spec& spec, double share) {
+  if (share >= 1 || spec.sms == 0) return share;
+  return partition_sms(spec, share, spec.sms) / spec.sms;
 }
 
 gpu_calibration with_engine_speed(gpu_calibration cal, const gpu_spec& spec, double factor) {

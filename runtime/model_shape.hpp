@@ -49,6 +49,10 @@ struct efficiency_curve {
 /// the spec's single efficiencies in force.
 struct gpu_calibration {
   std::string source;           // the file it came from
+  // sm_shares = "nominal": shares below 1 are priced as configured, not as the green context's
+  // SMs (partition_sms), and the curves keyed by share below are at configured shares: the
+  // calibrations fitted before the simulator rounded shares (docs/sim.md).
+  bool nominal_sm_shares = false;
   efficiency_curve gemm;        // x: tokens in the step (GEMM M); fraction of peak FLOP/s
   efficiency_curve attention;   // x: mean keys per query; fraction of peak FLOP/s
   efficiency_curve memory;      // x: bytes read by the step; fraction of peak bandwidth
@@ -168,7 +172,21 @@ struct gpu_spec {
   double nic_bandwidth = 0;           // bytes/s one way, the network interface per GPU
   double link_efficiency = 0.88;      // achieved / peak for large transfers on any link
   gpu_calibration calibration;        // measured fractions of peak; empty = the fields above
+  // Green-context partitions (CUDA's cuDevSmResourceSplitByCount): at least this many SMs, in
+  // multiples of the step. 0: shares are taken as given.
+  uint32_t sm_partition_min = 0;
+  uint32_t sm_partition_step = 0;
 };
+
+/// The SMs a green context asked for `share` of `spec`'s SMs gets when `available` are left,
+/// as the CUDA engine makes it: round(share x SMs) in the partition steps, at least the minimum
+/// partition, at most what is left. Throws std::invalid_argument when fewer than the minimum
+/// are left. Without partition steps in the spec, or with a calibration of nominal shares:
+/// share x SMs, unrounded.
+[[nodiscard]] double partition_sms(const gpu_spec& spec, double share, double available);
+/// The share of the whole GPU the engine on that partition runs on: partition_sms / SMs, or
+/// `share` where the spec gives no SM count.
+[[nodiscard]] double partition_share(const gpu_spec& spec, double share);
 
 /// `spec`'s calibration (`cal`) with the engine `factor` times as fast: the GEMM, attention and
 /// memory efficiencies scaled, each at most 1; an empty curve starts from the spec's default.

@@ -376,7 +376,9 @@ class event_sim {
     address_to_target_[broker_address] = target_broker;
 
     // Timelines: per GPU, the workers at full share share one; each split worker has its own.
-    std::map<uint32_t, double> split_share;
+    // A share below 1 becomes the SMs the CUDA engine's green context gets (partition_sms), the
+    // workers taking theirs in the deployment's order.
+    std::map<uint32_t, double> split_share, realized_split, sms_left;
     std::map<uint32_t, uint32_t> full_workers, split_workers;
     for (const auto& w : deployment_.workers) {
       if (w.gpu >= deployment_.gpus.size()) {
@@ -401,6 +403,18 @@ class event_sim {
       address_to_target_[w.address] = first_unit + static_cast<uint32_t>(units_.size());
       units_.push_back(std::make_unique<unit>());
       units_.back()->spec = w;
+      if (w.sm_share < 1) {
+        const gpu_spec& g = specs_[w.gpu];
+        auto& unit_spec = units_.back()->spec;
+        if (g.sms > 0) {
+          auto [left, fresh] = sms_left.try_emplace(w.gpu, static_cast<double>(g.sms));
+          const double sms = partition_sms(g, w.sm_share, left->second);
+          left->second -= sms;
+          unit_spec.sm_share = sms / g.sms;
+          unit_spec_sms_[units_.size() - 1] = sms;
+        }
+        realized_split[w.gpu] += unit_spec.sm_share;
+      }
     }
     for (const auto& [gpu, share] : split_share) {
       if (share > 1.0 + 1e-9) {
@@ -409,7 +423,7 @@ class event_sim {
             " is split by SM share: its workers' shares below 1 must sum to at most 1");
       }
       // Workers at share 1 beside the split run on the whole GPU, the partitions' SMs included.
-      if (full_workers[gpu] > 0) reserved_[gpu] = std::max(0.0, 1.0 - share);
+      if (full_workers[gpu] > 0) reserved_[gpu] = std::max(0.0, 1.0 - realized_split[gpu]);
     }
     std::map<uint32_t, uint32_t> full_timeline;  // gpu -> timeline of its full-share workers
     std::map<std::pair<uint32_t, double>, std::shared_ptr<sim_engine>> engines;
@@ -1323,11 +1337,18 @@ class event_sim {
     std::vector<std::string> out;
     for (const auto& u : units_) {
       const auto& w = u->spec;
-      char line[256];
+      char line[288];
+      const auto sms = unit_spec_sms_.find(static_cast<uint32_t>(&u - units_.data()));
+      const std::string of_sms =
+          sms == unit_spec_sms_.end()
+              ? std::string()
+              : " (" + std::to_string(static_cast<int>(sms->second)) + " of " +
+                    std::to_string(specs_[w.gpu].sms) + " SMs)";
       std::snprintf(line, sizeof line,
-                    "%-20s %-7s GPU %u (%s, host %u)  SM share %.2f  KV %u blocks  batch %u%s%s",
+                    "%-20s %-7s GPU %u (%s, host %u)  SM share %.2f%s  KV %u blocks  batch %u%s%s",
                     w.address.c_str(), u->prefill ? "prefill" : "decode", w.gpu,
                     deployment_.gpus[w.gpu].type.c_str(), deployment_.gpus[w.gpu].host, w.sm_share,
+                    of_sms.c_str(),
                     u->kv_blocks, w.max_batch,
                     u->prefill ? ("  chunk " + std::to_string(w.chunk_tokens)).c_str() : "",
                     w.own_stream && w.sm_share >= 1 ? "  own stream" : "");
@@ -1356,6 +1377,7 @@ class event_sim {
   // GPU -> the fraction of its SMs no partition holds, on GPUs where workers at share 1 run
   // beside workers on partitions (docs/sim.md, "A prefill partition beside the whole GPU").
   std::map<uint32_t, double> reserved_;
+  std::map<uint32_t, double> unit_spec_sms_;  // unit -> the SMs of its partition (sm_share < 1)
   std::unordered_map<std::string, uint32_t> address_to_target_;
   std::unordered_map<uint64_t, handle_info> handles_;
   std::vector<int64_t> link_free_;  // per source GPU and link kind: when its egress is free

@@ -256,6 +256,8 @@ TEST_CASE("config/gpus.toml holds the same numbers as the built-in table") {
     CHECK(builtin->pcie_bandwidth == s.pcie_bandwidth);
     CHECK(builtin->nic_bandwidth == s.nic_bandwidth);
     CHECK(builtin->link_efficiency == s.link_efficiency);
+    CHECK(builtin->sm_partition_min == s.sm_partition_min);
+    CHECK(builtin->sm_partition_step == s.sm_partition_step);
     CHECK(s.calibration.gemm.empty());
   }
   const auto h20 = find_gpu_spec("h20");
@@ -281,6 +283,43 @@ TEST_CASE("every calibration file the repository ships loads") {
   CHECK_FALSE(load_gpu_calibration(fs::path(DUET_SOURCE_DIR) / "config" / "calibration-duet" /
                                    "h100-cuda-engine-2026-12-06h.toml")
                   .prefill_gemm_row_tile.has_value());
+}
+
+TEST_CASE("SM shares are priced as the SMs a green context gets: in the GPU's partition steps") {
+  const auto h100 = find_gpu_spec("h100");
+  REQUIRE(h100.has_value());
+  REQUIRE(h100->sms == 132);
+  REQUIRE(h100->sm_partition_step == 8);
+  // What the H100 serving runs' partitions got (docs/data/h100-serve-2026-12-06c: 0.7 and 0.75
+  // both as 96 SMs).
+  for (auto [share, sms] : {std::pair{0.5, 64.0}, {0.6, 80.0}, {0.7, 96.0}, {0.75, 96.0}, {0.85, 112.0}}) {
+    CAPTURE(share);
+    CHECK(partition_sms(*h100, share, 132) == sms);
+    CHECK(partition_share(*h100, share) == Approx(sms / 132));
+  }
+  CHECK(partition_sms(*h100, 0.01, 132) == 8);  // at least the smallest partition
+  CHECK(partition_sms(*h100, 0.3, 36) == 36);   // beside 96 SMs, 0.3 (40) gets what is left
+  CHECK(contains(error_of<std::invalid_argument>([&] { (void)partition_sms(*h100, 0.1, 4); }),
+                 "only 4 SMs are left"));
+  CHECK(partition_share(*h100, 1.0) == 1.0);
+  // A calibration fitted on configured shares keeps them.
+  gpu_spec nominal = *h100;
+  nominal.calibration.nominal_sm_shares = true;
+  CHECK(partition_share(nominal, 0.75) == Approx(0.75));
+  CHECK(load_gpu_calibration(fs::path(DUET_SOURCE_DIR) / "config" / "calibration-duet" /
+                             "h100-cuda-engine-2026-12-06h.toml")
+            .nominal_sm_shares);
+  CHECK_FALSE(load_gpu_calibration(fs::path(DUET_SOURCE_DIR) / "config" / "calibration-duet" /
+                                   "h100-cuda-engine-2026-12-06m.toml")
+                  .nominal_sm_shares);
+  const auto dir = scratch_dir("partition-specs");
+  std::ofstream(dir / "bad-shares.toml") << "sm_shares = \"rounded\"\n";
+  CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "bad-shares.toml"); }),
+                 "sm_shares"));
+  std::ofstream(dir / "gpus.toml") << "[gpus.toy]\nbf16_flops = 1e12\nmemory_bandwidth = 1e12\n"
+                                      "memory_bytes = 1e9\nsms = 40\nsm_partition_step = 7.5\n";
+  CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_specs(dir / "gpus.toml"); }),
+                 "gpus.toy.sm_partition_step"));
 }
 
 TEST_CASE("a GPU spec file adds GPUs, and a broken one is an error that names file, line and key") {
@@ -678,8 +717,10 @@ TEST_CASE(
     CHECK(rec.itl_s[0] == Approx(3 * h + d1).epsilon(1e-6));
     CHECK_FALSE(r.counters.contains("sim.kv_transfers_nvlink"));
   }
-  SUBCASE("an SM split slows each side by its share") {
-    const cost_model prefill_share(shape, h200, 0.25);
+  SUBCASE("an SM split slows each side by its share, in the GPU's partition steps") {
+    // 0.25 of 132 SMs is 33: the green context gets 32, a multiple of 8.
+    REQUIRE(partition_share(h200, 0.25) == Approx(32.0 / 132));
+    const cost_model prefill_share(shape, h200, partition_share(h200, 0.25));
     const auto r =
         run_simulation(config, parse_deployment_spec("split:sm=0.25", config, "h200"), trace, o);
     CHECK(*r.records[0].ttft_s() == Approx(6 * h + ns(prefill_share.prefill_seconds(
@@ -1128,6 +1169,30 @@ TEST_CASE(
   unit_slowdown.calibrations[split.gpus[0].type].split_decode_slowdown = 1.0;
   const auto same = summarize(run_simulation(config, split, trace, unit_slowdown).records);
   CHECK(same.itl_s.mean == Approx(a.itl_s.mean).epsilon(1e-9));
+}
+
+TEST_CASE("a simulated split GPU runs each share on the SMs its green context would get") {
+  // 0.75 of an H200's 132 SMs is 96 SMs, as 0.7 is: the two deployments price alike, and the
+  // prefill share 0.75 runs slower than its configured share would.
+  auto config = one_gpu_split_60_40();
+  const auto trace = load_trace_spec("synthetic:poisson:rate=2,duration=20,in=3000,out=50,seed=4");
+  auto with_prefill_share = [&](double share) {
+    for (auto& node : config.nodes) {
+      for (auto& a : node.actors) {
+        if (a.role == actor_role::prefill) a.sm_share = share;
+        if (a.role == actor_role::decode) a.sm_share = 1 - share;
+      }
+    }
+    return run_simulation(config, deployment_from_config(config), trace);
+  };
+  const auto at_70 = with_prefill_share(0.7), at_75 = with_prefill_share(0.75);
+  REQUIRE(at_70.records.size() == trace.size());
+  CHECK(at_70.counters.at("prefill.hop_step_us") == at_75.counters.at("prefill.hop_step_us"));
+  CHECK(summarize(at_70.records).ttft_s.p50 == summarize(at_75.records).ttft_s.p50);
+  const auto& lines = at_75.worker_lines;
+  REQUIRE_FALSE(lines.empty());
+  CHECK(std::any_of(lines.begin(), lines.end(),
+                    [](const std::string& l) { return contains(l, "SM share 0.73 (96 of 132 SMs)"); }));
 }
 
 TEST_CASE(

@@ -253,4 +253,31 @@ expect("without partition keys: -42 / -53 / +132 / +170 %",
 h200_streams = runs("h200-serve-2026-12-05")
 expect("h200 12-06h prices the H200 split runs exactly as 12-05b",
        score("h200-cuda-engine-2026-12-06h.toml", h200_streams) == score("h200-cuda-engine-2026-12-05b.toml", h200_streams))
+# 12-06m prices shares as the SMs of their green contexts (132 in steps of 8: 0.75 runs as 96
+# SMs, as 0.7 does), its share-keyed points moved to those shares so each fitted point prices as
+# before (docs/sim.md, "SM shares").
+over_m, over_h12, detail_m, detail_h12 = side_by_side("h100-cuda-engine-2026-12-06m.toml",
+                                                      "h100-cuda-engine-2026-12-06h.toml", fit_h)
+expect(f"on the twelve partition runs 12-06m misses 10 of 48, as 12-06h (got {over_m}, {over_h12})",
+       (over_m, over_h12) == (10, 10))
+expect(f"the worst miss: 12-06m 28 %, 12-06h 29 % (got {worst(detail_m)}, {worst(detail_h12)})",
+       (worst(detail_m), worst(detail_h12)) == (28, 29))
+r75 = [r for r in runs("h100-serve-2026-12-06c") if "reserve75" in r]
+_, _, at_75m = score("h100-cuda-engine-2026-12-06m.toml", r75)
+_, _, at_75h = score("h100-cuda-engine-2026-12-06h.toml", r75)
+expect("the share 0.75 (96 SMs): TTFT P99 -3 % and prefill step -12 % with 12-06m, -24 % and -18 % with 12-06h",
+       [(d["conv3-pd-reserve75-b256-c1024-fd-42s"]["ttft p99"], d["conv3-pd-reserve75-b256-c1024-fd-42s"]["prefill"])
+        for d in (at_75m, at_75h)] == [(-3, -12), (-24, -18)])
+every_h100 = runs("h100-serve-2026-12-05", "h100-serve-2026-12-05b", "h100-serve-2026-12-05c", "h100-serve-2026-12-05d",
+                  "h100-serve-2026-12-05e", "h100-serve-2026-12-06c", "h100-serve-2026-12-06d", "h100-serve-2026-12-06f",
+                  "h100-serve-2026-12-06g", "h100-serve-2026-12-06h")
+over_every_m, over_every_h = (score(c, every_h100)[0] for c in ("h100-cuda-engine-2026-12-06m.toml",
+                                                               "h100-cuda-engine-2026-12-06h.toml"))
+expect(f"over all 39 H100 runs: 12-06m misses 28 of 156, 12-06h 29 (got {len(every_h100)}: {over_every_m}, {over_every_h})",
+       (len(every_h100), over_every_m, over_every_h) == (39, 28, 29))
+expect("12-06m prices the PD-streams runs exactly as 12-06h",
+       score("h100-cuda-engine-2026-12-06m.toml", streams) == score("h100-cuda-engine-2026-12-06h.toml", streams))
+_, _, carried_m = score("h200-cuda-engine-2026-12-06m.toml", h200_run)
+expect("the H200's 12-06m on its partition run: TTFT -22 / -24 %, ITL +4 / +3 %",
+       [carried_m["code05-pd-reserve70-b256-c1024-fd"][f] for f in figures] == [-22, -24, 4, 3])
 finish()
