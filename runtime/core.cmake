@@ -11,6 +11,7 @@ target_sources(duet_runtime PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/compat.cpp
   ${CMAKE_CURRENT_LIST_DIR}/kv_stream.cpp
   ${CMAKE_CURRENT_LIST_DIR}/step_thread.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/step_log.cpp
   ${CMAKE_CURRENT_LIST_DIR}/kv_pool_share.cpp)
 # XXH3 checksums of KV chunks (Debian: libxxhash-dev).
 find_path(XXHASH_INCLUDE_DIR xxhash.h REQUIRED)

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include "runtime/clock.hpp"
 #include "runtime/hop_stats.hpp"
 #include "runtime/kv_pool_share.hpp"
 
@@ -20,7 +21,8 @@ decode_core::decode_core(std::string self, decode_settings settings, engine& eng
     : settings_(std::move(settings)),
       engine_(engine),
       out_(std::move(self)),
-      pool_(make_block_manager(engine, settings_.kv_blocks)) {}
+      pool_(make_block_manager(engine, settings_.kv_blocks)),
+      step_log_(step_log::from_env(out_.self())) {}
 
 std::optional<kv_allocation> kv_allocation_from_string(std::string_view text) {
   if (text == "on_demand") return kv_allocation::on_demand;
@@ -390,7 +392,13 @@ std::chrono::nanoseconds decode_core::begin_recompute(sequence& s) {
   return launch([this, chunk] { return engine_.prefill(std::span(&chunk, 1)); });
 }
 
-std::chrono::nanoseconds decode_core::launch(std::function<step_output()> step) {
+std::chrono::nanoseconds decode_core::launch(std::function<step_output()> untimed) {
+  auto step = [untimed = std::move(untimed)] {
+    const auto began = steady::now();
+    step_output out = untimed();
+    out.engine_wall = steady::now() - began;
+    return out;
+  };
   if (!background_) {
     if (send_before_computing_) send_before_computing_();
     in_flight_output_ = step();
@@ -431,6 +439,10 @@ std::optional<std::chrono::nanoseconds> decode_core::begin_decode() {
   ++counters_["steps"];
   counters_["batched_sequences"] += slots.size();
   ++counters_[decode_batch_counter(slots.size())];
+  if (step_log_) {
+    logged_step_ = {"decode", step_began_ms_, 0, 0, static_cast<uint32_t>(slots.size()), slots.size(), 0, {}};
+    for (const auto& s : slots) logged_step_.context += s.history.size();
+  }
   return launch([this, slots = std::move(slots)] { return engine_.decode(slots); });
 }
 
@@ -460,6 +472,7 @@ void decode_core::finish_step(int64_t now_ms) {
     finish_recompute(now_ms);
   } else {
     record_hop(counters_, "step", (now_ms - step_began_ms_) * 1000);  // decode steps only (hop_stats.hpp)
+    if (step_log_) log_step(*step_log_, logged_step_, in_flight_output_, now_ms);
     finish_decode(now_ms);
   }
   run_deferred(now_ms);

@@ -18,6 +18,7 @@
 #include "runtime/engine.hpp"
 #include "runtime/kv_stream.hpp"
 #include "runtime/outbox.hpp"
+#include "runtime/step_log.hpp"
 #include "runtime/step_thread.hpp"
 
 namespace duet {
@@ -202,6 +203,8 @@ class decode_core {
   std::unique_ptr<step_thread> background_;
   std::function<void()> notify_;
   std::function<void()> send_before_computing_;
+  std::unique_ptr<step_log> step_log_;  // DUET_STEP_LOG: decode steps (recompute chunks left out)
+  step_record logged_step_;             // the decode step in flight, for step_log_
   /// Messages whose handling calls the engine (an import, a stream write), taken while a
   /// background step ran; replayed in order by finish_step.
   std::vector<std::pair<msg::envelope, std::variant<msg::kv_moved, msg::kv_chunk>>> deferred_;

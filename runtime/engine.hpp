@@ -58,6 +58,7 @@ struct step_output {
   /// leaves it empty.
   std::vector<std::optional<msg::token_logprobs>> logprobs;
   std::chrono::nanoseconds modeled{0};  // time the actor must still wait (sim engine only)
+  std::chrono::nanoseconds engine_wall{0};  // the engine call's wall time (the cores time it)
 
   /// Token i's log-probabilities; null when it has none.
   [[nodiscard]] const msg::token_logprobs* logprobs_at(std::size_t i) const {

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "runtime/clock.hpp"
 #include "runtime/hop_stats.hpp"
 #include "runtime/kv_pool_share.hpp"
 
@@ -21,7 +22,8 @@ prefill_core::prefill_core(std::string self, prefill_settings settings, engine& 
       engine_(engine),
       out_(std::move(self)),
       pool_(make_block_manager(engine, settings_.kv_blocks)),
-      sender_(engine, out_, settings_.stream) {}
+      sender_(engine, out_, settings_.stream),
+      step_log_(step_log::from_env(out_.self())) {}
 
 void prefill_core::on_request(const msg::envelope& env, const msg::prefill_request& m, int64_t now_ms,
                               int64_t received_ms) {
@@ -57,6 +59,21 @@ void prefill_core::on_request(const msg::envelope& env, const msg::prefill_reque
   jobs_.emplace(m.seq_id, std::move(j));
   queue_.push_back(m.seq_id);
   ++counters_["accepted"];
+}
+
+step_record prefill_core::describe_step(std::span<const prefill_chunk> chunks, int64_t now_ms) {
+  step_record r;
+  r.role = "prefill";
+  r.begin_ms = now_ms;
+  r.sequences = static_cast<uint32_t>(chunks.size());
+  prefill_mix_text mix;
+  for (const auto& c : chunks) {
+    r.tokens += c.tokens.size();
+    r.context += c.start;
+    mix.add(static_cast<uint32_t>(c.tokens.size()), c.start);
+  }
+  r.mix = mix.str();
+  return r;
 }
 
 void prefill_core::compute_in_background(std::function<void()> notify) {
@@ -109,15 +126,21 @@ std::optional<std::chrono::nanoseconds> prefill_core::plan_and_launch(int64_t no
   if (chunks.empty()) return std::nullopt;
   step_began_ms_ = now_ms;
   counters_["steps"]++;
+  if (step_log_) logged_step_ = describe_step(chunks, now_ms);
+  auto step = [this, chunks = std::move(chunks)] {
+    const auto began = steady::now();
+    step_output out = engine_.prefill(chunks);
+    out.engine_wall = steady::now() - began;
+    return out;
+  };
   if (background_) {
     // The chunks' spans stay valid: in-flight jobs are neither erased nor changed until
     // finish_step (on_cancel and tick skip them).
-    background_->launch([this, chunks = std::move(chunks)] { return engine_.prefill(chunks); },
-                        notify_);
+    background_->launch(std::move(step), notify_);
     in_flight_output_ = {};
     return std::chrono::nanoseconds{0};
   }
-  in_flight_output_ = engine_.prefill(chunks);
+  in_flight_output_ = step();
   return in_flight_output_.modeled;
 }
 
@@ -126,6 +149,7 @@ void prefill_core::finish_step(int64_t now_ms) {
   for (uint64_t seq_id : deferred_releases_) engine_.release(seq_id);
   deferred_releases_.clear();
   record_hop(counters_, "step", (now_ms - step_began_ms_) * 1000);  // one per step, not per prompt
+  if (step_log_) log_step(*step_log_, logged_step_, in_flight_output_, now_ms);
   std::size_t sampled = 0;
   for (const auto& p : in_flight_) {
     const msg::token_logprobs* logprobs = p.last ? in_flight_output_.logprobs_at(sampled) : nullptr;

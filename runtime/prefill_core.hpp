@@ -17,6 +17,7 @@
 #include "runtime/engine.hpp"
 #include "runtime/kv_stream.hpp"
 #include "runtime/outbox.hpp"
+#include "runtime/step_log.hpp"
 #include "runtime/step_thread.hpp"
 
 namespace duet {
@@ -110,6 +111,7 @@ class prefill_core {
     bool last;
   };
   [[nodiscard]] std::optional<std::chrono::nanoseconds> plan_and_launch(int64_t now_ms);
+  [[nodiscard]] static step_record describe_step(std::span<const prefill_chunk> chunks, int64_t now_ms);
   /// broker.stream_prefill: the blocks the last background step finished go to their adopters.
   void send_finished_blocks();
   void fail(job& j, msg::finish_reason reason, msg::error_code code, const std::string& message);
@@ -129,6 +131,8 @@ class prefill_core {
   int64_t hold_until_ms_ = 0;
   int64_t step_began_ms_ = 0;
   std::unique_ptr<step_thread> background_;  // set by compute_in_background
+  std::unique_ptr<step_log> step_log_;       // DUET_STEP_LOG
+  step_record logged_step_;                  // the step in flight, for step_log_
   std::function<void()> notify_;
   // engine.release waits while a step computes in the background.
   std::vector<uint64_t> deferred_releases_;

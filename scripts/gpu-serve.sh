@@ -226,7 +226,10 @@ decode_thread_of() {  # decode_thread_of NAME: 0 for runs named -inline (decode 
 up_start() {  # up_start NAME SLOT KIND VISIBLE_GPUS: `duet up` of that deployment, in the background (pid in UP)
   local name=$1 slot=$2 kind=$3 visible=$4
   deploy "$RUNS/$name.toml" "$slot" "$kind" || return 1
-  DUET_DECODE_THREAD=$(decode_thread_of "$name") CUDA_VISIBLE_DEVICES=$visible "$BUILD/duet" up \
+  # GPU_SERVE_STEP_LOG=1: every engine step of the run to $RUNS/NAME.steps.<worker>.<pid>.csv
+  # (runtime/step_log.hpp; scripts/compare-steps.py reads them).
+  DUET_STEP_LOG=${GPU_SERVE_STEP_LOG:+$RUNS/$name.steps} \
+    DUET_DECODE_THREAD=$(decode_thread_of "$name") CUDA_VISIBLE_DEVICES=$visible "$BUILD/duet" up \
     --config "$RUNS/$name.toml" >"$RUNS/$name.up.log" 2>&1 &
   UP=$! UP_KIND=${kind%%+*}
 }
@@ -586,6 +589,7 @@ if has matrix; then
     UP_T0=$SECONDS
     up_start "$1" 0 "$2" 0 || continue
     if warm_up "$1" 0 60; then
+      date +%s%3N >"$RUNS/$1.replay-start-ms"  # steps before it are the warm-up's
       limit=$((DEADLINE - SECONDS - 15 - 30)); [ "$limit" -gt $((span + 90)) ] && limit=$((span + 90))
       BENCH_GRACE=10 bench_serve "$1" 0 "$CAL" 30 "$limit" "${@:3}"
       sed -n '/completed/,/E2E P99/p' "$RUNS/$1.bench.log"

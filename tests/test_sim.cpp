@@ -24,6 +24,7 @@
 #include "runtime/clock.hpp"
 #include "runtime/config.hpp"
 #include "runtime/gpu_catalog.hpp"
+#include "runtime/engine_bench.hpp"
 #include "runtime/model_shape.hpp"
 #include "runtime/decode_buckets.hpp"
 #include "runtime/sim_engine.hpp"
@@ -751,6 +752,52 @@ TEST_CASE("the same trace and deployment give the same records and byte-identica
     CAPTURE(f);
     CHECK(read_all(d1 / f) == read_all(d2 / f));
   }
+}
+
+TEST_CASE("DUET_STEP_LOG writes one line per engine step: its span, modelled time and chunks") {
+  const auto config = default_config();
+  const auto trace = load_trace_spec("synthetic:poisson:rate=4,count=12,in=3000,out=8,seed=3");
+  const auto dir = scratch_dir("step-log");
+  sim_result r;
+  {
+    scoped_env env("DUET_STEP_LOG", (dir / "run").string());
+    r = run_simulation(config, parse_deployment_spec("1P1D", config, "h200"), trace);
+  }
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir)) files.push_back(e.path());
+  REQUIRE(files.size() == 2);  // the prefill and the decode worker
+  uint64_t prefill_lines = 0, decode_lines = 0, prefill_tokens = 0, prefill_us = 0;
+  for (const auto& f : files) {
+    std::istringstream in(read_all(f));
+    std::string line;
+    std::getline(in, line);
+    CHECK(line == "role,begin_ms,end_ms,engine_us,sequences,tokens,context,mix");
+    while (std::getline(in, line)) {
+      std::vector<std::string> cells;
+      std::stringstream cell_stream(line);
+      for (std::string c; std::getline(cell_stream, c, ',');) cells.push_back(c);
+      if (cells.size() == 7) cells.emplace_back();  // a decode step: no mix
+      REQUIRE(cells.size() == 8);
+      CHECK(std::stoll(cells[2]) >= std::stoll(cells[1]));
+      if (cells[0] == "prefill") {
+        ++prefill_lines;
+        prefill_tokens += std::stoull(cells[5]);
+        prefill_us += std::stoull(cells[3]);
+        // The mix reads back as the step's chunks: 3,000-token prompts in 2,048-token chunks.
+        const auto mix = parse_prefill_mix(cells[7]);
+        CHECK(mix.tokens() == std::stoull(cells[5]));
+        CHECK(mix.sequences() == std::stoul(cells[4]));
+      } else {
+        ++decode_lines;
+        CHECK(cells[0] == "decode");
+      }
+    }
+  }
+  CHECK(prefill_lines == r.counters.at("prefill.steps"));
+  CHECK(decode_lines == r.counters.at("decode.hop_step_count"));
+  CHECK(prefill_tokens == 12u * 3000);
+  // Alone on its GPU each prefill step takes its modelled time (ms on the clock, us logged).
+  CHECK(double(prefill_us) / 1e3 == Approx(double(r.counters.at("prefill.hop_step_us")) / 1e3).epsilon(0.05));
 }
 
 TEST_CASE(
