@@ -801,6 +801,18 @@ TEST_CASE(
   check(cudaStreamDestroy(stream), "stream");
 }
 
+/// `p` reading and writing these buffers (host or device).
+sample_params with_buffers(sample_params p, const float* logits, const sample_row* requests,
+                           int32_t* tokens, float* logprobs, int32_t* top_ids, float* top_logprobs) {
+  p.logits = logits;
+  p.requests = requests;
+  p.tokens = tokens;
+  p.logprobs = logprobs;
+  p.top_ids = top_ids;
+  p.top_logprobs = top_logprobs;
+  return p;
+}
+
 /// Samples `logits` ([rows, vocab]) on the GPU, without and with the split statistics, and
 /// checks both against sample_tokens_reference: tokens and top ids exact, logprobs within 1e-3
 /// (equal where the reference's are infinite or NaN). Returns the reference's tokens.
@@ -815,14 +827,8 @@ std::vector<int32_t> check_sampling_against_reference(const std::vector<float>& 
   p.max_top = max_top;
   std::vector<int32_t> tok(n), top(uint64_t{n} * max_top);
   std::vector<float> lp(n), toplp(uint64_t{n} * max_top);
-  sample_params r = p;
-  r.logits = logits.data();
-  r.requests = rows.data();
-  r.tokens = tok.data();
-  r.logprobs = lp.data();
-  r.top_ids = top.data();
-  r.top_logprobs = toplp.data();
-  sample_tokens_reference(r);
+  sample_tokens_reference(
+      with_buffers(p, logits.data(), rows.data(), tok.data(), lp.data(), top.data(), toplp.data()));
   auto close = [](float a, float b) {
     return a == b || (std::isnan(a) && std::isnan(b)) || std::abs(a - b) <= 1e-3f;
   };
@@ -832,13 +838,8 @@ std::vector<int32_t> check_sampling_against_reference(const std::vector<float>& 
     dbuf<int32_t> dtok(n), dtop(uint64_t{n} * max_top);
     dbuf<float> dlp(n), dtoplp(uint64_t{n} * max_top);
     dbuf<uint8_t> dstats(sample_stats_bytes(n, vocab));
-    sample_params g = p;
-    g.logits = dl.get();
-    g.requests = dr.get();
-    g.tokens = dtok.get();
-    g.logprobs = dlp.get();
-    g.top_ids = dtop.get();
-    g.top_logprobs = dtoplp.get();
+    sample_params g =
+        with_buffers(p, dl.get(), dr.get(), dtok.get(), dlp.get(), dtop.get(), dtoplp.get());
     g.stats = split ? static_cast<void*>(dstats.get()) : nullptr;
     ok(sample_tokens(g, nullptr));
     const auto gtok = dtok.download();
