@@ -17,6 +17,7 @@ V=AzureLLMInferenceTrace_conv_2023.csv
 export GPU_SERVE_MATRIX=${GPU_SERVE_MATRIX:-"conv3-pd-streams-b256-c1024-fd-42s streams+b256+c1024+fd $V 0 126 3;conv3-colocated-b256-42s colocated+b256 $V 0 126 3"}
 GPU_SERVE_STEP_LOG=1 GPU_SERVE_STAGES=build,ckpt,matrix GPU_SERVE_DEADLINE=${GPU_SERVE_DEADLINE:-400} \
   bash scripts/gpu-serve.sh
+source scripts/gpu-env.sh  # the Debian libraries duet links (gpu-serve.sh sets them for its own runs only)
 RUNS=$OUT/serve
 mkdir -p "$OUT/mixes"
 IFS=';' read -ra runs <<<"$GPU_SERVE_MATRIX"

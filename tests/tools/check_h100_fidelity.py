@@ -280,4 +280,15 @@ expect("12-06m prices the PD-streams runs exactly as 12-06h",
 _, _, carried_m = score("h200-cuda-engine-2026-12-06m.toml", h200_run)
 expect("the H200's 12-06m on its partition run: TTFT -22 / -24 %, ITL +4 / +3 %",
        [carried_m["code05-pd-reserve70-b256-c1024-fd"][f] for f in figures] == [-22, -24, 4, 3])
+# 12-06n raises the prefill's yield to decode below 1,024 tokens, from the step logs of two runs
+# with today's engine (docs/data/h100-step-mix-2026-12-06): on PD streams, live steps of up to
+# 512 tokens took 2-3 times their cost alone, which 12-06m priced at ~1.9 and ~1.7.
+step_runs = runs("h100-step-mix-2026-12-06")
+expect(f"two step-logged runs are stored (got {len(step_runs)})", len(step_runs) == 2)
+over_n, _, detail_n = score("h100-cuda-engine-2026-12-06n.toml", every_h100 + step_runs)
+over_m41, _, detail_m41 = score("h100-cuda-engine-2026-12-06m.toml", every_h100 + step_runs)
+expect(f"over those 41 runs 12-06n misses 24 of 164, 12-06m 28 (got {over_n}, {over_m41})", (over_n, over_m41) == (24, 28))
+streams_run = "conv3-pd-streams-b256-c1024-fd-42s"
+expect("the step-logged PD-streams run: TTFT P50 -2 %, mean prefill step -1 % with 12-06n (-14 %, -11 % with 12-06m)",
+       [(d[streams_run]["ttft p50"], d[streams_run]["prefill"]) for d in (detail_n, detail_m41)] == [(-2, -1), (-14, -11)])
 finish()
