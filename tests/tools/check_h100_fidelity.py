@@ -291,4 +291,12 @@ expect(f"over those 41 runs 12-06n misses 24 of 164, 12-06m 28 (got {over_n}, {o
 streams_run = "conv3-pd-streams-b256-c1024-fd-42s"
 expect("the step-logged PD-streams run: TTFT P50 -2 %, mean prefill step -1 % with 12-06n (-14 %, -11 % with 12-06m)",
        [(d[streams_run]["ttft p50"], d[streams_run]["prefill"]) for d in (detail_n, detail_m41)] == [(-2, -1), (-14, -11)])
+# Conversation x2.5 on the same deployment, predicted before it ran (docs/data/h100-step-mix-2026-12-06b).
+unseen_25 = runs("h100-step-mix-2026-12-06b")
+expect(f"one unseen step-logged run is stored (got {len(unseen_25)})", len(unseen_25) == 1)
+_, _, at_25n = score("h100-cuda-engine-2026-12-06n.toml", unseen_25)
+_, _, at_25m = score("h100-cuda-engine-2026-12-06m.toml", unseen_25)
+run_25 = "conv25-pd-streams-b256-c1024-fd-42s"
+expect("x2.5: TTFT P50 +2 %, mean prefill step 0 % with 12-06n; -8 % and -10 % with 12-06m",
+       [(d[run_25]["ttft p50"], d[run_25]["prefill"]) for d in (at_25n, at_25m)] == [(2, 0), (-8, -10)])
 finish()
