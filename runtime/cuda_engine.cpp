@@ -27,6 +27,7 @@
 #include "runtime/cpu_engine.hpp"
 #include "runtime/decode_buckets.hpp"
 #include "runtime/kv_pool_share.hpp"
+#include "runtime/model_shape.hpp"
 #include "runtime/safetensors.hpp"
 
 namespace duet {
@@ -493,8 +494,7 @@ struct cuda_engine::sm_partition {
     const uint32_t least = std::max(step, whole.sm.minSmPartitionSize);
     what += " (" + std::to_string(total) + " SMs, partitions of at least " + std::to_string(least) +
             " in steps of " + std::to_string(step) + ")";
-    uint32_t want = static_cast<uint32_t>(std::lround(share * total / step)) * step;
-    want = std::max(want, least);
+    uint32_t want = static_cast<uint32_t>(partition_request(share, total, step, least));
 
     sm_registry& registry = sm_pools();
     std::lock_guard lock(registry.mutex);

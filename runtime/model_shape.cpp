@@ -65,6 +65,10 @@ std::optional<gpu_spec> find_gpu_spec(std::string_view name) {
   return std::nullopt;
 }
 
+double partition_request(double share, double total, double step, double least) {
+  return std::max(std::round(share * total / step) * step, least);
+}
+
 double partition_sms(const gpu_spec& spec, double share, double available) {
   const double total = spec.sms;
   if (spec.sm_partition_step == 0 || spec.calibration.nominal_sm_shares)
@@ -77,8 +81,7 @@ double partition_sms(const gpu_spec& spec, double share, double available) {
                                 " SMs are left by the other partitions (at least " +
                                 std::to_string(static_cast<int>(least)) + ")");
   }
-  const double want = std::max(std::round(share * total / step) * step, least);
-  return std::min(want, available);
+  return std::min(partition_request(share, total, step, least), available);
 }
 
 double partition_share(const gpu_spec& spec, double share) {

@@ -178,6 +178,10 @@ struct gpu_spec {
   uint32_t sm_partition_step = 0;
 };
 
+/// round(share x total) in multiples of `step`, at least `least`: what a green context asked
+/// for that share of a device's SMs is given before the cap by what other partitions left
+/// (the CUDA engine's sm_partition and partition_sms below both use it).
+[[nodiscard]] double partition_request(double share, double total, double step, double least);
 /// The SMs a green context asked for `share` of `spec`'s SMs gets when `available` are left,
 /// as the CUDA engine makes it: round(share x SMs) in the partition steps, at least the minimum
 /// partition, at most what is left. Throws std::invalid_argument when fewer than the minimum
