@@ -250,7 +250,8 @@ struct gemm_runner::impl {
     auto it = plans.find(key);
     if (it == plans.end()) {
       plan pl;
-      const kstatus made = make_plan(p, pl);
+      const uint32_t bucket = gemm_plan_rows(p.m);
+      const kstatus made = bucket != p.m ? derive_plan(p, bucket, pl) : make_plan(p, pl);
       if (!made.ok()) return made;
       it = plans.emplace(key, pl).first;
     }
@@ -258,8 +259,40 @@ struct gemm_runner::impl {
     return {};
   }
 
+  // A shape between buckets runs its bucket's algorithm (tuned, when the bucket has run): asking
+  // cuBLASLt's heuristic for every new prompt length cost a prefill step 10-20 ms on the host
+  // in serving (docs/cuda-engine.md). Falls back to the heuristic when cuBLASLt refuses it.
+  kstatus derive_plan(const gemm_params& p, uint32_t bucket, plan& pl) {
+    gemm_params q = p;
+    q.m = bucket;
+    plan* base = nullptr;
+    const kstatus got = plan_for(q, base);
+    if (!got.ok()) return got;
+    const kstatus made = make_layouts(p, pl);
+    if (!made.ok()) return made;
+    cublasLtMatmulHeuristicResult_t check{};
+    if (cublasLtMatmulAlgoCheck(handle, pl.desc, pl.a, pl.b, pl.d, pl.d, &base->algo, &check) ==
+            CUBLAS_STATUS_SUCCESS &&
+        check.workspaceSize <= workspace_bytes) {
+      pl.algo = base->algo;
+      pl.candidates = {base->algo};
+      pl.tuned = true;
+      return {};
+    }
+    destroy(pl);
+    pl = plan{};
+    return make_plan(p, pl);
+  }
+
+  static void destroy(plan& pl) {
+    if (pl.desc) cublasLtMatmulDescDestroy(pl.desc);
+    if (pl.a) cublasLtMatrixLayoutDestroy(pl.a);
+    if (pl.b) cublasLtMatrixLayoutDestroy(pl.b);
+    if (pl.d) cublasLtMatrixLayoutDestroy(pl.d);
+  }
+
   // Column-major view: D^T [n, m] = op(W as col-major [k, n])^T . X^T (col-major [k, m]).
-  kstatus make_plan(const gemm_params& p, plan& pl) {
+  kstatus make_layouts(const gemm_params& p, plan& pl) {
     DUET_LT(cublasLtMatmulDescCreate(&pl.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
     DUET_LT(cublasLtMatmulDescSetAttribute(pl.desc, CUBLASLT_MATMUL_DESC_TRANSA, &transa,
@@ -278,6 +311,12 @@ struct gemm_runner::impl {
     DUET_LT(cublasLtMatrixLayoutCreate(&pl.b, CUDA_R_16BF, p.k, p.m, p.ldx));
     DUET_LT(
         cublasLtMatrixLayoutCreate(&pl.d, p.y_fp32 ? CUDA_R_32F : CUDA_R_16BF, p.n, p.m, p.ldy));
+    return {};
+  }
+
+  kstatus make_plan(const gemm_params& p, plan& pl) {
+    const kstatus made = make_layouts(p, pl);
+    if (!made.ok()) return made;
     cublasLtMatmulPreference_t pref = nullptr;
     DUET_LT(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = workspace_bytes;

@@ -48,6 +48,25 @@ struct gemm_params {
 
 enum class gemm_path : uint8_t { automatic, cublaslt, skinny };
 
+/// The rows of the cuBLASLt plan a GEMM of m rows runs (its algorithm; the layouts are m's own):
+/// powers of two up to 32, multiples of 32 up to 256 (the decode buckets), then multiples of 64.
+[[nodiscard]] inline uint32_t gemm_plan_rows(uint32_t m) {
+  if (m <= 32) {
+    uint32_t b = 1;
+    while (b < m) b *= 2;
+    return b;
+  }
+  const uint32_t step = m <= 256 ? 32 : 64;
+  return (m + step - 1) / step * step;
+}
+
+/// Every plan bucket from 2 rows up to `max_m` (the shapes an engine warms before serving).
+[[nodiscard]] inline std::vector<uint32_t> gemm_plan_buckets(uint32_t max_m) {
+  std::vector<uint32_t> out;
+  for (uint32_t m = 2; m <= max_m; m = gemm_plan_rows(m + 1)) out.push_back(m);
+  return out;
+}
+
 /// One cuBLASLt handle, its workspace and the per-shape plans; one per stream owner.
 class gemm_runner {
  public:

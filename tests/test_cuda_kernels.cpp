@@ -364,6 +364,51 @@ TEST_CASE("gemm tuning times every candidate once per round, in alternating orde
   CHECK(tuning_trial_time({}, true) == 0.0f);
 }
 
+TEST_CASE("gemm plan buckets: decode buckets up to 256 rows, then multiples of 64") {
+  CHECK(gemm_plan_rows(1) == 1);
+  CHECK(gemm_plan_rows(3) == 4);
+  CHECK(gemm_plan_rows(32) == 32);
+  CHECK(gemm_plan_rows(33) == 64);
+  CHECK(gemm_plan_rows(91) == 96);
+  CHECK(gemm_plan_rows(256) == 256);
+  CHECK(gemm_plan_rows(257) == 320);
+  CHECK(gemm_plan_rows(2000) == 2048);
+  const std::vector<uint32_t> buckets = gemm_plan_buckets(2048);
+  CHECK(buckets.front() == 2);
+  CHECK(buckets.back() == 2048);
+  CHECK(buckets.size() == 5 + 7 + 28);  // 2..32, 64..256 by 32, 320..2048 by 64
+  for (uint32_t m = 2; m <= 2048; ++m) {
+    const uint32_t b = gemm_plan_rows(m);
+    INFO("m " << m);
+    REQUIRE(b >= m);
+    CHECK(std::count(buckets.begin(), buckets.end(), b) == 1);
+    CHECK(gemm_plan_rows(b) == b);
+  }
+}
+
+TEST_CASE("gemm: rows between plan buckets run their bucket's algorithm and stay right") {
+  DUET_REQUIRE_GPU();
+  std::mt19937 rng(17);
+  gemm_runner runner;
+  ok(runner.init());
+  for (const gemm_shape& s : std::vector<gemm_shape>{{91, 4096, 4096, true}, {37, 6144, 4096, false},
+                                                     {300, 1003, 1024, true}}) {
+    const gemm_operands op(s.m, s.n, s.k, rng);
+    dbuf<uint16_t> dy(uint64_t{s.m} * s.n);
+    const gemm_params g = op.device(s.m, s.n, s.k, s.bias, dy.get());
+    std::vector<uint16_t> ref(uint64_t{s.m} * s.n);
+    gemm_reference(op.host(g, ref.data()));
+    std::size_t count = 0;
+    ok(runner.candidates(g, count));
+    INFO("m " << s.m << " n " << s.n << " k " << s.k << ": " << count << " candidates");
+    CHECK(count == 1);  // the bucket's algorithm: no heuristic query of its own
+    dy.poison();
+    ok(runner.run(g, nullptr));
+    check(cudaDeviceSynchronize(), "sync");
+    expect(compare_bf16(dy.download(), ref), 1e-2, "m " + std::to_string(s.m));
+  }
+}
+
 TEST_CASE("gemm: every cuBLASLt algorithm the tuner may keep is right") {
   DUET_REQUIRE_GPU();
   std::mt19937 rng(7);
