@@ -11,7 +11,7 @@ if(DUET_HAVE_CUDA)
     ${CMAKE_CURRENT_LIST_DIR}/attention.cu ${CMAKE_CURRENT_LIST_DIR}/attention_ref.cpp
     ${CMAKE_CURRENT_LIST_DIR}/gemm.cu ${CMAKE_CURRENT_LIST_DIR}/gemm_ref.cpp
     ${CMAKE_CURRENT_LIST_DIR}/sampling.cu ${CMAKE_CURRENT_LIST_DIR}/sampling_ref.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/kv_copy.cu)
+    ${CMAKE_CURRENT_LIST_DIR}/kv_copy.cu ${CMAKE_CURRENT_LIST_DIR}/decode_layers.cu)
   # The wgmma prefill attention needs sm_90a's arch-specific instructions, whatever the list of
   # architectures the rest is built for; it is dispatched only on compute capability 9.0.
   add_library(duet_cuda_hopper STATIC ${CMAKE_CURRENT_LIST_DIR}/attention_wgmma.cu)

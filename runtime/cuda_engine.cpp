@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "kernels/attention.cuh"
+#include "kernels/decode_layers.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/gemm.cuh"
 #include "kernels/kv_copy.cuh"
@@ -377,6 +378,9 @@ struct cuda_engine::device_buffers {
   device_mem meta_dev;
   device_mem x, h, qkv, attn, gate_up, act, delta, hsel, logits, rope_cos, rope_sin, attn_ws;
   device_mem tokens_out, logprobs_out, top_ids, top_logprobs, sample_stats;
+  // Batch-1 decode in one kernel (kernels/decode_layers.cuh): its layer table, two residual
+  // rows and barrier/merge workspace.
+  device_mem fused_layers, fused_residual, fused_ws, fused_trace;
   void* out_host = nullptr;         // pinned: tokens, logprobs, top ids, top logprobs
   cudaEvent_t meta_sent = nullptr;  // the last upload of meta_host has been read
   uint32_t max_rows = 0, max_outputs = 0, rope_positions = 0;
@@ -761,6 +765,7 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
   // Multiples of 32 above 32: a batch of 129 runs 160 rows, not 256 (a bucket's GEMMs cost as
   // its rows do; docs/cuda-engine.md). DUET_DECODE_BUCKET_STEP=0: powers of two only.
   buckets_ = decode_graph_buckets(params_.max_batch, decode_bucket_step_from_env());
+  prepare_fused_decode();
 
   info_.engine = "cuda";
   info_.model = params_.served_name;
@@ -774,7 +779,52 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
   // The worker's share, which kv_memory_fraction sized here rather than the config.
   info_.kv_blocks = params_.seat ? params_.seat.pool->arena->member_blocks(params_.seat.member) : kv_blocks_;
   if (params_.cuda_graphs && params_.graphs_at_start) capture_decode_graphs();
+  if (params_.graphs_at_start) warm_prefill_gemms();
   CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void cuda_engine::warm_prefill_gemms() {
+  // Every prefill pass size runs the plan of its bucket (kernels/gemm.cuh, gemm_plan_rows): make
+  // and tune those now, with the shapes a pass runs, so no prompt length meets cuBLASLt's
+  // heuristic, a tuning pass or a first kernel load in service. The outputs are scratch.
+  const auto start = std::chrono::steady_clock::now();
+  device_buffers& b = *buf_;
+  const cuda_weights& w = *weights_;
+  const transformer_config& c = w.config;
+  const cudaStream_t s = as_stream(stream_);
+  const uint32_t hidden = c.hidden_size, qd = c.q_dim(), ffn = c.intermediate_size;
+  const uint32_t qkv_dim = qd + 2 * c.kv_dim();
+  const cuda_weights::layer& L = w.layers.front();
+  auto* x = b.x.as<uint16_t>();
+  auto* h = b.h.as<uint16_t>();
+  const std::vector<uint32_t> buckets = k::gemm_plan_buckets(b.max_rows);
+  for (const uint32_t m : buckets) {
+    k::gemm_params qkv{h, hidden, L.qkv, L.qkv_bias, b.qkv.ptr, qkv_dim, m, qkv_dim, hidden};
+    k::gemm_params o{b.attn.as<uint16_t>(), qd, L.o, L.o_bias, residual_in_o_ ? b.x.ptr : b.delta.ptr,
+                     hidden, m, hidden, qd};
+    o.accumulate = residual_in_o_;
+    k::gemm_params gate_up{h, hidden, L.gate_up, nullptr, b.gate_up.ptr, 2 * ffn, m, 2 * ffn, hidden};
+    k::gemm_params down{b.act.as<uint16_t>(), ffn, L.down, nullptr,
+                        residual_in_down_ ? static_cast<void*>(x) : b.delta.ptr, hidden, m, hidden, ffn};
+    down.accumulate = residual_in_down_;
+    for (k::gemm_params* g : {&qkv, &o, &gate_up, &down}) {
+      g->w_static = true;
+      kcheck(b.gemm.run(*g, s));
+    }
+    if (m <= b.max_outputs) {  // the LM head over the sampled rows
+      k::gemm_params head{h, hidden, w.lm_head, nullptr, b.logits.ptr, c.vocab_size, m, c.vocab_size, hidden};
+      head.y_fp32 = true;
+      head.w_static = true;
+      kcheck(b.gemm.run(head, s));
+    }
+  }
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+  std::fprintf(stderr, "cuda_engine: device %d: prefill GEMMs of %zu pass sizes (2 to %u rows) ready in %lld ms\n",
+               params_.device, buckets.size(), buckets.empty() ? 0 : buckets.back(),
+               static_cast<long long>(ms));
 }
 
 void cuda_engine::capture_decode_graphs() {
@@ -862,6 +912,120 @@ void cuda_engine::upload(const pass& ps) {
 }
 
 void cuda_engine::forward(const pass& ps, void* stream) {
+  if (!(ps.decode && ps.rows == 1 && run_fused_layers(stream))) forward_layers(ps, stream);
+  forward_head(ps, stream);
+}
+
+void cuda_engine::prepare_fused_decode() {
+  const char* env = std::getenv("DUET_DECODE_FUSED");
+  const bool wanted = env && *env ? std::string_view(env) != "0" : params_.fused_decode;
+  const cuda_weights& w = *weights_;
+  const transformer_config& c = w.config;
+  if (!wanted || !k::decode_layers_supported(c.hidden_size, c.num_attention_heads,
+                                             c.num_key_value_heads, c.head_dim,
+                                             c.intermediate_size))
+    return;
+  device_buffers& b = *buf_;
+  k::decode_layers_params p = fused_params();
+  fused_ctas_ = k::decode_layers_ctas(p, static_cast<uint32_t>(sm_count_));
+  if (fused_ctas_ == 0) return;
+  std::vector<k::decode_layer_weights> table;
+  for (const cuda_weights::layer& L : w.layers)
+    table.push_back({L.input_norm, L.qkv, L.qkv_bias, L.o, L.o_bias, L.post_norm, L.gate_up, L.down});
+  b.fused_layers = device_mem(table.size() * sizeof(k::decode_layer_weights));
+  CUDA_CHECK(cudaMemcpy(b.fused_layers.ptr, table.data(), table.size() * sizeof(table[0]),
+                        cudaMemcpyHostToDevice));
+  b.fused_residual = device_mem(2ull * c.hidden_size * 2);
+  const uint64_t ws = k::decode_layers_workspace_bytes(c.num_hidden_layers, c.num_attention_heads,
+                                                       c.num_key_value_heads, fused_ctas_);
+  b.fused_ws = device_mem(ws);
+  CUDA_CHECK(cudaMemset(b.fused_ws.ptr, 0, ws));
+  if (const char* v = std::getenv("DUET_DECODE_FUSED_POLL_NS"))
+    fused_poll_ns_ = static_cast<uint32_t>(std::atoi(v));
+  if (const char* v = std::getenv("DUET_DECODE_FUSED_L2_KB"))
+    fused_l2_bytes_ = static_cast<uint32_t>(std::atoi(v)) * 1024;
+  if (const char* v = std::getenv("DUET_DECODE_TRACE"); v && *v) {
+    fused_trace_path_ = v;
+    b.fused_trace = device_mem(k::decode_layers_trace_words(c.num_hidden_layers, fused_ctas_) * 8);
+  }
+}
+
+void cuda_engine::write_fused_trace(uint32_t context) const {
+  const uint64_t words = k::decode_layers_trace_words(weights_->config.num_hidden_layers, fused_ctas_);
+  std::vector<uint64_t> t(words);
+  CUDA_CHECK(cudaMemcpy(t.data(), buf_->fused_trace.ptr, words * 8, cudaMemcpyDeviceToHost));
+  const uint32_t barriers = k::decode_layers_barriers(weights_->config.num_hidden_layers);
+  // One file per power of two of the context: PATH.<2^k>.csv holds the last such step.
+  uint32_t bucket = 1;
+  while (bucket * 2 <= context) bucket *= 2;
+  const std::string path = fused_trace_path_ + "." + std::to_string(bucket) + ".csv";
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) return;
+  std::fprintf(f, "barrier,cta,start_ns,arrive_ns,release_ns\n");
+  for (uint32_t bar = 0; bar < barriers; ++bar) {
+    for (uint32_t cta = 0; cta < fused_ctas_; ++cta) {
+      std::fprintf(f, "%u,%u,%llu,%llu,%llu\n", bar, cta,
+                   static_cast<unsigned long long>(t[2ull * barriers * fused_ctas_ + cta]),
+                   static_cast<unsigned long long>(t[(2ull * bar) * fused_ctas_ + cta]),
+                   static_cast<unsigned long long>(t[(2ull * bar + 1) * fused_ctas_ + cta]));
+    }
+  }
+  std::fclose(f);
+}
+
+k::decode_layers_params cuda_engine::fused_params() const {
+  const device_buffers& b = *buf_;
+  const cuda_weights& w = *weights_;
+  const transformer_config& c = w.config;
+  k::decode_layers_params p;
+  p.layers = b.fused_layers.as<k::decode_layer_weights>();
+  p.layer_count = c.num_hidden_layers;
+  p.embedding = w.embedding;
+  p.final_norm = w.final_norm;
+  p.vocab = c.vocab_size;
+  p.hidden = c.hidden_size;
+  p.heads = c.num_attention_heads;
+  p.kv_heads = c.num_key_value_heads;
+  p.ffn = c.intermediate_size;
+  p.eps = static_cast<float>(c.rms_norm_eps);
+  p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  p.token = b.dev<int32_t>(b.meta.tokens);
+  p.position = b.dev<int32_t>(b.meta.positions);
+  p.slot = b.dev<int32_t>(b.meta.slots);
+  p.seq_len = b.dev<int32_t>(b.meta.seq_lens);
+  p.block_table = b.dev<int32_t>(b.meta.blocks);  // one sequence: its table starts at 0
+  p.kv = k::kv_pool_view{static_cast<uint16_t*>(pool_), block_elems_, c.num_hidden_layers,
+                         c.num_key_value_heads, c.head_dim, params_.block_tokens, pool_slots_};
+  p.rope_cos = b.rope_cos.as<float>();
+  p.rope_sin = b.rope_sin.as<float>();
+  p.rope_positions = b.rope_positions;
+  p.residual = b.fused_residual.as<uint16_t>();
+  p.qkv = b.qkv.as<uint16_t>();
+  p.attn = b.attn.as<uint16_t>();
+  p.gate_up = b.gate_up.as<uint16_t>();
+  p.delta = b.delta.as<uint16_t>();
+  p.out = b.h.as<uint16_t>();
+  p.workspace = b.fused_ws.ptr;
+  p.poll_ns = fused_poll_ns_;
+  p.l2_prefetch_bytes = fused_l2_bytes_;
+  p.trace = b.fused_trace.as<uint64_t>();
+  return p;
+}
+
+bool cuda_engine::run_fused_layers(void* stream) {
+  if (fused_ctas_ == 0) return false;
+  const k::kstatus st = k::decode_layers(fused_params(), fused_ctas_, as_stream(stream));
+  if (st.ok()) return true;
+  if (st.code != cudaErrorCooperativeLaunchTooLarge) kcheck(st);
+  // The SMs it was sized for are not all free to it (another context holds some): kernels apart.
+  cudaGetLastError();
+  std::fprintf(stderr, "cuda_engine: device %d: batch-1 decode kernel cannot have its %u CTAs "
+               "resident; running the layers' kernels apart\n", params_.device, fused_ctas_);
+  fused_ctas_ = 0;
+  return false;
+}
+
+void cuda_engine::forward_layers(const pass& ps, void* stream) {
   device_buffers& b = *buf_;
   const cuda_weights& w = *weights_;
   const transformer_config& c = w.config;
@@ -979,7 +1143,17 @@ void cuda_engine::forward(const pass& ps, void* stream) {
     pending = accumulate_down ? nullptr : delta;
   }
   kcheck(k::add_rmsnorm({x, pending, w.final_norm, h, rows, hidden, eps}, s));
+}
+
+void cuda_engine::forward_head(const pass& ps, void* stream) {
   if (ps.outputs == 0) return;
+  device_buffers& b = *buf_;
+  const cuda_weights& w = *weights_;
+  const transformer_config& c = w.config;
+  const cudaStream_t s = as_stream(stream);
+  const uint32_t hidden = c.hidden_size;
+  const uint32_t rows = ps.rows;
+  const uint16_t* h = b.h.as<uint16_t>();
   const uint16_t* head_in = h;
   if (!ps.decode) {
     kcheck(k::embedding_gather(
@@ -1294,6 +1468,8 @@ void cuda_engine::decode_part(std::span<const decode_slot> slots,
     ++eager_steps_;
   }
   finish_samples(ps, results, kept_logits);
+  if (ps.rows == 1 && fused_ctas_ && !fused_trace_path_.empty())
+    write_fused_trace(static_cast<uint32_t>(b.host<int32_t>(b.meta.seq_lens)[0]));
 }
 
 step_output cuda_engine::decode(std::span<const decode_slot> slots) {

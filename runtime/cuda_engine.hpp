@@ -27,6 +27,10 @@
 
 namespace duet {
 
+namespace kernels {
+struct decode_layers_params;
+}
+
 /// Construction parameters of a cuda_engine.
 struct cuda_engine_params {
   std::string served_name = "duet-cuda";  // engine_info.model; part of the layout hash
@@ -41,11 +45,17 @@ struct cuda_engine_params {
   bool high_priority = false;      // the stream gets the device's highest priority (decode actors)
   bool cuda_graphs = true;         // decode steps replay captured graphs
   // Capture every bucket's decode graph (and tune its GEMMs) when the engine is built, not on
-  // the bucket's first step: a first capture in service stalls that step by 100-260 ms.
+  // the bucket's first step: a first capture in service stalls that step by 100-260 ms. Also
+  // makes and tunes the prefill passes' GEMM plans (one per row bucket), which a new prompt
+  // length would otherwise make in service (10-20 ms a step).
   bool graphs_at_start = true;
   double sm_share = 1.0;       // < 1: kernels run in a green context of this fraction of the SMs
   bool shared_stream = false;  // one stream for every such engine of the process on this device
   kv_pool_seat seat;           // a pool shared with other workers on this device (their sizes too)
+  // Batch-1 decode steps run every layer in one persistent kernel (kernels/decode_layers.cuh)
+  // where the shape and the SMs allow. Off: on an H100 it was 17 % slower than the kernels
+  // apart (docs/cuda-engine.md). DUET_DECODE_FUSED=1 / 0 in the environment overrides this.
+  bool fused_decode = false;
 };
 
 struct cuda_weights;
@@ -97,6 +107,8 @@ class cuda_engine final : public engine {
   /// Decode steps so far that ran from a captured graph / eagerly.
   [[nodiscard]] uint64_t graph_steps() const { return graph_steps_; }
   [[nodiscard]] uint64_t eager_steps() const { return eager_steps_; }
+  /// Whether batch-1 decode steps run in the one-kernel path (kernels/decode_layers.cuh).
+  [[nodiscard]] bool fused_decode() const { return fused_ctas_ > 0; }
   /// SMs this engine's kernels run on: its green context's grant (sm_share < 1), else the device's.
   [[nodiscard]] uint32_t sm_count() const { return static_cast<uint32_t>(sm_count_); }
 
@@ -127,6 +139,12 @@ class cuda_engine final : public engine {
   /// Every entry point that touches the device starts with this.
   [[nodiscard]] device_scope bind_device(bool check = true) const;
   void forward(const pass& ps, void* stream);
+  void forward_layers(const pass& ps, void* stream);  // embedding .. final norm, kernels apart
+  void forward_head(const pass& ps, void* stream);    // LM head and sampling
+  void prepare_fused_decode();
+  [[nodiscard]] kernels::decode_layers_params fused_params() const;
+  /// The batch-1 decode layers in one kernel; false when it is off or cannot run here.
+  bool run_fused_layers(void* stream);
   void upload(const pass& ps);
   void run_pass(pass& ps, std::vector<sample_result>& results, std::vector<float>& kept_logits);
   void finish_samples(const pass& ps, std::vector<sample_result>& results,
@@ -135,6 +153,7 @@ class cuda_engine final : public engine {
   void decode_part(std::span<const decode_slot> slots, std::vector<sample_result>& results,
                    std::vector<float>& kept_logits, uint32_t rows = 0);
   void capture_decode_graphs();
+  void warm_prefill_gemms();
   [[nodiscard]] uint32_t bucket_of(uint32_t rows) const;
   [[nodiscard]] uint32_t splits_for(uint32_t rows) const;
   void check_blocks(std::span<const uint32_t> blocks, uint64_t positions, const char* what) const;
@@ -166,6 +185,11 @@ class cuda_engine final : public engine {
   uint32_t scratch_block_ = 0;  // takes the writes of padded decode rows (this engine's own)
   uint64_t block_elems_ = 0;
   int sm_count_ = 0;
+  uint32_t fused_ctas_ = 0;  // grid of the batch-1 decode kernel; 0: off
+  uint32_t fused_poll_ns_ = 128;    // DUET_DECODE_FUSED_POLL_NS
+  uint32_t fused_l2_bytes_ = 0;  // DUET_DECODE_FUSED_L2_KB
+  std::string fused_trace_path_;    // DUET_DECODE_TRACE: the last batch-1 step's barrier times
+  void write_fused_trace(uint32_t context) const;
   std::map<uint32_t, decode_graph> graphs_;
   std::vector<uint32_t> buckets_;
   bool keep_logits_ = false;
