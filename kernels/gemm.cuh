@@ -1,10 +1,11 @@
 #pragma once
 // y = x . w^T (+ bias): bf16 operands, fp32 accumulation, bf16 or fp32 output. Weights are
 // row-major [n, k] as Hugging Face stores them. Large m goes through cuBLASLt (algorithm picked
-// per shape; for decode buckets and m a multiple of 64 the candidates are timed on first use
-// outside graph capture, those of up to 256 rows with their weight out of L2, as in a decode
-// step); m <= gemm_skinny_max_rows can use a bandwidth-bound kernel of our own (picked for m =
-// 1), which may also apply SwiGLU to its input on the fly (x = silu_mul(gate_up), silu_mul.cuh).
+// per plan bucket of rows, gemm_plan_rows: for decode buckets and m a multiple of 64 the
+// candidates are timed on first use outside graph capture, those of up to 256 rows with their
+// weight out of L2, as in a decode step; other m run their bucket's algorithm); m <=
+// gemm_skinny_max_rows can use a bandwidth-bound kernel of our own (picked for m = 1), which may
+// also apply SwiGLU to its input on the fly (x = silu_mul(gate_up), silu_mul.cuh).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>

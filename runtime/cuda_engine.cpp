@@ -779,7 +779,7 @@ cuda_engine::cuda_engine(const std::filesystem::path& model_dir, cuda_engine_par
   // The worker's share, which kv_memory_fraction sized here rather than the config.
   info_.kv_blocks = params_.seat ? params_.seat.pool->arena->member_blocks(params_.seat.member) : kv_blocks_;
   if (params_.cuda_graphs && params_.graphs_at_start) capture_decode_graphs();
-  if (params_.graphs_at_start) warm_prefill_gemms();
+  if (params_.prefill_gemms_at_start) warm_prefill_gemms();
   CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -1840,6 +1840,10 @@ std::unique_ptr<engine> make_cuda_engine(const deployment_config& config,
   const char* at_start = std::getenv("DUET_DECODE_GRAPHS_AT_START");
   params.graphs_at_start =
       actor.role == actor_role::decode && !(at_start && std::string_view(at_start) == "0");
+  // Decode workers never prefill; DUET_PREFILL_GEMMS_AT_START=0 makes plans on first use instead.
+  const char* gemms = std::getenv("DUET_PREFILL_GEMMS_AT_START");
+  params.prefill_gemms_at_start =
+      actor.role == actor_role::prefill && !(gemms && std::string_view(gemms) == "0");
   params.sm_share = actor.sm_share;
   params.shared_stream = actor.stream == "shared";
   params.seat = seat;

@@ -45,10 +45,11 @@ struct cuda_engine_params {
   bool high_priority = false;      // the stream gets the device's highest priority (decode actors)
   bool cuda_graphs = true;         // decode steps replay captured graphs
   // Capture every bucket's decode graph (and tune its GEMMs) when the engine is built, not on
-  // the bucket's first step: a first capture in service stalls that step by 100-260 ms. Also
-  // makes and tunes the prefill passes' GEMM plans (one per row bucket), which a new prompt
-  // length would otherwise make in service (10-20 ms a step).
+  // the bucket's first step: a first capture in service stalls that step by 100-260 ms.
   bool graphs_at_start = true;
+  // Make and tune the prefill passes' GEMM plans (one per bucket of rows) when the engine is
+  // built: a prompt length of a new bucket would otherwise stall its step in service.
+  bool prefill_gemms_at_start = true;
   double sm_share = 1.0;       // < 1: kernels run in a green context of this fraction of the SMs
   bool shared_stream = false;  // one stream for every such engine of the process on this device
   kv_pool_seat seat;           // a pool shared with other workers on this device (their sizes too)
