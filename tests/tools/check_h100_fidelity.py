@@ -299,4 +299,18 @@ _, _, at_25m = score("h100-cuda-engine-2026-12-06m.toml", unseen_25)
 run_25 = "conv25-pd-streams-b256-c1024-fd-42s"
 expect("x2.5: TTFT P50 +2 %, mean prefill step 0 % with 12-06n; -8 % and -10 % with 12-06m",
        [(d[run_25]["ttft p50"], d[run_25]["prefill"]) for d in (at_25n, at_25m)] == [(2, 0), (-8, -10)])
+# The runs above made cuBLASLt plans for each new prompt length in service, a 10-20 ms host stall
+# of that prefill step. With plans by bucket of rows, made at start (docs/data/h100-step-mix-
+# 2026-12-06c, predicted before it ran), the same two runs come out within 12 % of 12-06m on
+# every figure; 12-06n, fitted to the stalled steps, prices PD streams' TTFT 17-18 % long.
+fixed = runs("h100-step-mix-2026-12-06c")
+expect(f"two runs with GEMM plans made at start are stored (got {len(fixed)})", len(fixed) == 2)
+over_fm, outside_fm, at_fm = score("h100-cuda-engine-2026-12-06m.toml", fixed)
+over_fn, _, at_fn = score("h100-cuda-engine-2026-12-06n.toml", fixed)
+expect(f"12-06m misses none of their 8 figures, 12-06n 2 (got {over_fm}, {over_fn})", (over_fm, over_fn) == (0, 2))
+expect("12-06m: colocated TTFT P50 / P99 +4 / +8 %, PD streams +3 / +12 %, prefill steps +2 %",
+       [(at_fm[r]["ttft p50"], at_fm[r]["ttft p99"], at_fm[r]["prefill"]) for r in
+        ("conv3-colocated-b256-42s", streams_run)] == [(4, 8, 2), (3, 12, 2)])
+expect("12-06n: PD streams TTFT P50 / P99 +18 / +17 %, prefill step +13 %",
+       (at_fn[streams_run]["ttft p50"], at_fn[streams_run]["ttft p99"], at_fn[streams_run]["prefill"]) == (18, 17, 13))
 finish()
