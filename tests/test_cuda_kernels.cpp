@@ -305,12 +305,28 @@ struct gemm_operands {
   }
 };
 
+/// A shape's operands, its output buffer and the reference y = x . w^T (+ bias), fp32-accumulated.
+struct gemm_case {
+  gemm_operands op;
+  dbuf<uint16_t> dy;
+  gemm_params g;
+  std::vector<uint16_t> ref;
+  gemm_case(const gemm_shape& s, std::mt19937& rng)
+      : op(s.m, s.n, s.k, rng),
+        dy(uint64_t{s.m} * s.n),
+        g(op.device(s.m, s.n, s.k, s.bias, dy.get())),
+        ref(uint64_t{s.m} * s.n) {
+    gemm_reference(op.host(g, ref.data()));
+  }
+};
+
 TEST_CASE("gemm with accumulate adds x . w^T to y once per run, the tuner's trials included") {
   DUET_REQUIRE_GPU();
   std::mt19937 rng(13);
   gemm_runner runner;
   ok(runner.init());
-  // m = 128 and 512 are tuned on first use (multiples of 64); 1 and 37 keep the heuristic's pick.
+  // m = 128 and 512 are tuned on first use (multiples of 64); 1 runs the skinny kernel and 37
+  // its bucket's (64) algorithm.
   std::vector<gemm_shape> shapes = {
       {128, 4096, 4096, false}, {1, 4096, 4096, false}, {37, 1003, 1024, true}, {512, 4096, 14336, false}};
   if (small_sweep()) shapes.resize(3);
@@ -393,19 +409,15 @@ TEST_CASE("gemm: rows between plan buckets run their bucket's algorithm and stay
   ok(runner.init());
   for (const gemm_shape& s : std::vector<gemm_shape>{{91, 4096, 4096, true}, {37, 6144, 4096, false},
                                                      {300, 1003, 1024, true}}) {
-    const gemm_operands op(s.m, s.n, s.k, rng);
-    dbuf<uint16_t> dy(uint64_t{s.m} * s.n);
-    const gemm_params g = op.device(s.m, s.n, s.k, s.bias, dy.get());
-    std::vector<uint16_t> ref(uint64_t{s.m} * s.n);
-    gemm_reference(op.host(g, ref.data()));
+    gemm_case c(s, rng);
     std::size_t count = 0;
-    ok(runner.candidates(g, count));
+    ok(runner.candidates(c.g, count));
     INFO("m " << s.m << " n " << s.n << " k " << s.k << ": " << count << " candidates");
     CHECK(count == 1);  // the bucket's algorithm: no heuristic query of its own
-    dy.poison();
-    ok(runner.run(g, nullptr));
+    c.dy.poison();
+    ok(runner.run(c.g, nullptr));
     check(cudaDeviceSynchronize(), "sync");
-    expect(compare_bf16(dy.download(), ref), 1e-2, "m " + std::to_string(s.m));
+    expect(compare_bf16(c.dy.download(), c.ref), 1e-2, "m " + std::to_string(s.m));
   }
 }
 
@@ -418,20 +430,16 @@ TEST_CASE("gemm: every cuBLASLt algorithm the tuner may keep is right") {
       {64, 4096, 14336, false}, {8, 6144, 4096, false}, {96, 1003, 1024, true}, {256, 4096, 4096, false}};
   if (small_sweep()) shapes.resize(2);
   for (const gemm_shape& s : shapes) {
-    const gemm_operands op(s.m, s.n, s.k, rng);
-    dbuf<uint16_t> dy(uint64_t{s.m} * s.n);
-    const gemm_params g = op.device(s.m, s.n, s.k, s.bias, dy.get());
-    std::vector<uint16_t> ref(uint64_t{s.m} * s.n);
-    gemm_reference(op.host(g, ref.data()));
+    gemm_case c(s, rng);
     std::size_t count = 0;
-    ok(runner.candidates(g, count));
+    ok(runner.candidates(c.g, count));
     INFO("m " << s.m << " n " << s.n << " k " << s.k << ": " << count << " candidates");
     CHECK(count >= 1);
     for (std::size_t i = 0; i < count; ++i) {
-      dy.poison();
-      ok(runner.run_candidate(g, i, nullptr));
+      c.dy.poison();
+      ok(runner.run_candidate(c.g, i, nullptr));
       check(cudaDeviceSynchronize(), "sync");
-      expect(compare_bf16(dy.download(), ref), 1e-2, "candidate " + std::to_string(i));
+      expect(compare_bf16(c.dy.download(), c.ref), 1e-2, "candidate " + std::to_string(i));
     }
   }
 }
