@@ -61,10 +61,12 @@ enum class gemm_path : uint8_t { automatic, cublaslt, skinny };
   return (m + step - 1) / step * step;
 }
 
-/// Every plan bucket from 2 rows up to `max_m` (the shapes an engine warms before serving).
+/// Every plan bucket from 1 row up to `max_m` (the shapes an engine warms before serving). One
+/// row is a pass too: a prompt one token past a chunk boundary ends with it, and its o and down
+/// GEMMs accumulate, which the skinny kernel does not, so they meet cuBLASLt at m = 1.
 [[nodiscard]] inline std::vector<uint32_t> gemm_plan_buckets(uint32_t max_m) {
   std::vector<uint32_t> out;
-  for (uint32_t m = 2; m <= max_m; m = gemm_plan_rows(m + 1)) out.push_back(m);
+  for (uint32_t m = 1; m <= max_m; m = gemm_plan_rows(m + 1)) out.push_back(m);
   return out;
 }
 

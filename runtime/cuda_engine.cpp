@@ -822,8 +822,9 @@ void cuda_engine::warm_prefill_gemms() {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                       std::chrono::steady_clock::now() - start)
                       .count();
-  std::fprintf(stderr, "cuda_engine: device %d: prefill GEMMs of %zu pass sizes (2 to %u rows) ready in %lld ms\n",
-               params_.device, buckets.size(), buckets.empty() ? 0 : buckets.back(),
+  std::fprintf(stderr, "cuda_engine: device %d: prefill GEMMs of %zu pass sizes (%u to %u rows) ready in %lld ms\n",
+               params_.device, buckets.size(), buckets.empty() ? 0 : buckets.front(),
+               buckets.empty() ? 0 : buckets.back(),
                static_cast<long long>(ms));
 }
 

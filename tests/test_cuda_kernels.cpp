@@ -390,10 +390,10 @@ TEST_CASE("gemm plan buckets: decode buckets up to 256 rows, then multiples of 6
   CHECK(gemm_plan_rows(257) == 320);
   CHECK(gemm_plan_rows(2000) == 2048);
   const std::vector<uint32_t> buckets = gemm_plan_buckets(2048);
-  CHECK(buckets.front() == 2);
+  CHECK(buckets.front() == 1);
   CHECK(buckets.back() == 2048);
-  CHECK(buckets.size() == 5 + 7 + 28);  // 2..32, 64..256 by 32, 320..2048 by 64
-  for (uint32_t m = 2; m <= 2048; ++m) {
+  CHECK(buckets.size() == 6 + 7 + 28);  // 1..32, 64..256 by 32, 320..2048 by 64
+  for (uint32_t m = 1; m <= 2048; ++m) {
     const uint32_t b = gemm_plan_rows(m);
     INFO("m " << m);
     REQUIRE(b >= m);
