@@ -90,7 +90,7 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
                                  std::string_view expected_gpu) {
   static const std::set<std::string, std::less<>> keys = {
       "gpu", "measured", "source", "step_overhead_s", "decode_sequence_overhead_s",
-      "gemm", "attention", "memory", "prefill_memory", "prefill_gemm_row_tile", "split_bandwidth", "split_kv_bandwidth", "split_compute",
+      "gemm", "attention", "memory", "prefill_memory", "prefill_gemm_row_tile", "prefill_roofline_exponent", "split_bandwidth", "split_kv_bandwidth", "split_compute",
       "split_decode_slowdown", "split_prefill_slowdown", "concurrent_decode_slowdown",
       "concurrent_prefill_slowdown", "concurrent_decode_delay_s", "concurrent_decode_tile_keys",
       "concurrent_decode_delay_by_overlap", "concurrent_overlap_on_prefill_start", "concurrent_prefill_yield", "concurrent_prefill_attention_yield",
@@ -190,6 +190,11 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
     if (!rows || rows->get() < 1 || rows->get() > 4096)
       fail(file, n, "prefill_gemm_row_tile", "must be a whole number of rows from 1 to 4096");
     cal.prefill_gemm_row_tile = static_cast<uint32_t>(rows->get());
+  }
+  if (const auto* n = root.get("prefill_roofline_exponent")) {
+    const double p = number(file, *n, "prefill_roofline_exponent", false);
+    if (p < 1.0 || p > 64.0) fail(file, n, "prefill_roofline_exponent", "must be from 1 (the sum) to 64");
+    cal.prefill_roofline_exponent = p;
   }
   if (const auto* n = root.get("shared_prefill_delay_s"))
     cal.shared_prefill_delay_s = number(file, *n, "shared_prefill_delay_s", false);

@@ -140,7 +140,14 @@ double cost_model::prefill_seconds(uint64_t chunk_tokens_total, double attention
   const auto parts = prefill_compute_parts(chunk_tokens_total, attention_flops);
   const double compute = parts.gemm_s + parts.attention_s;
   const double bytes = double(shape_.weight_bytes());
-  return std::max(compute, bytes / prefill_weight_rate(bytes)) + cal.step_overhead_s.value_or(gpu_.step_overhead_s);
+  const double memory = bytes / prefill_weight_rate(bytes);
+  const double overhead = cal.step_overhead_s.value_or(gpu_.step_overhead_s);
+  if (!cal.prefill_roofline_exponent) return std::max(compute, memory) + overhead;
+  const double p = *cal.prefill_roofline_exponent;
+  // Scaled by the larger term so neither power over- or underflows.
+  const double top = std::max(compute, memory);
+  if (top <= 0.0) return overhead;
+  return top * std::pow(std::pow(compute / top, p) + std::pow(memory / top, p), 1.0 / p) + overhead;
 }
 
 double cost_model::prefill_weight_rate(double bytes) const {

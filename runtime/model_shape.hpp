@@ -73,6 +73,11 @@ struct gpu_calibration {
   // tokens as one of 768 at 128). Unset: T exactly, as the curve's points were measured at
   // multiples of 64 and 128 (the model before 2026-12-06, late).
   std::optional<uint32_t> prefill_gemm_row_tile;
+  // A prefill step's compute time c and weight-read time m combine as (c^p + m^p)^(1/p) with p
+  // this: a step of a few hundred tokens runs GEMMs too narrow to hide their reads behind their
+  // math, so it costs more than the larger of the two (H100: 7.0-8.0 ms at 70-240 tokens
+  // against a 6.7 ms weight floor). Unset: max(c, m), the plain roofline.
+  std::optional<double> prefill_roofline_exponent;
   // Engines on the two shares of one split GPU (event_sim): a decode step runs this many times
   // as long while the other share's prefill step is in flight, for the part of it they overlap
   // (the SMs are split, the HBM and L2 are not). split_bandwidth and split_kv_bandwidth are

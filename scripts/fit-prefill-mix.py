@@ -37,8 +37,8 @@ def measured_runs(folder):
     for f in sorted(pathlib.Path(folder).glob("*.json")):
         j = json.loads(f.read_text())
         rows = {r["mix"]: r["ms_median"] for r in j.get("rows", []) if r.get("kind") == "prefill_mix"}
-        if rows:
-            runs[float(j.get("sm_share", 1.0))] = rows
+        if rows:  # files at one share add up (a mix in two files: the later one's time)
+            runs.setdefault(float(j.get("sm_share", 1.0)), {}).update(rows)
     if not runs:
         raise SystemExit(f"fit-prefill-mix: no prefill_mix rows in {folder}/*.json")
     return runs

@@ -468,6 +468,31 @@ TEST_CASE(
     CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "row_tile_bad.toml"); }),
                    "prefill_gemm_row_tile"));
   }
+  // prefill_roofline_exponent: compute c and weight reads m combine as (c^p + m^p)^(1/p), so a
+  // step where the two are close costs more than the larger (short steps on an H100, docs/sim.md)
+  // and a step far into either bound costs about that bound.
+  std::ofstream(dir / "overlap.toml") << "gemm = [[64, 0.5], [4096, 0.5]]\nstep_overhead_s = 0\n"
+                                         "prefill_memory = 0.8\nprefill_roofline_exponent = 4\n";
+  auto overlap_gpu = h20;
+  overlap_gpu.calibration = load_gpu_calibration(dir / "overlap.toml");
+  REQUIRE(overlap_gpu.calibration.prefill_roofline_exponent.has_value());
+  const cost_model overlapped(shape, overlap_gpu, 1.0);
+  const double reads = weight_bytes / (h20.memory_bandwidth * 0.8);
+  const auto math = [&](uint64_t t) { return 2.0 * double(shape.linear_params()) * double(t) / (h20.bf16_flops * 0.5); };
+  for (const uint64_t t : {1u, 100u, 300u, 4096u}) {
+    INFO("tokens " << t);
+    CHECK(overlapped.prefill_seconds(t, 0) ==
+          Approx(std::pow(std::pow(math(t), 4.0) + std::pow(reads, 4.0), 0.25)).epsilon(1e-9));
+    CHECK(overlapped.prefill_seconds(t, 0) > std::max(math(t), reads));
+  }
+  CHECK(overlapped.prefill_seconds(1, 0) == Approx(reads).epsilon(1e-6));
+  overlap_gpu.calibration.prefill_roofline_exponent.reset();
+  CHECK(cost_model(shape, overlap_gpu, 1.0).prefill_seconds(300, 0) == Approx(std::max(math(300), reads)).epsilon(1e-9));
+  for (const char* bad : {"0.5", "100", "\"x\""}) {
+    std::ofstream(dir / "overlap_bad.toml") << "prefill_roofline_exponent = " << bad << "\n";
+    CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "overlap_bad.toml"); }),
+                   "prefill_roofline_exponent"));
+  }
   std::ofstream(dir / "kv_share_above_one.toml") << "split_kv_bandwidth = [[0.5, 0.3], [1.5, 1.0]]\n";
   CHECK(contains(error_of<gpu_catalog_error>(
                      [&] { (void)load_gpu_calibration(dir / "kv_share_above_one.toml"); }),
