@@ -329,4 +329,10 @@ expect("code x1 on PD streams: TTFT P50 +58 % with 12-06m, +11 % with 12-06o",
        [d["code1-pd-streams-b256-c1024-fd"]["ttft p50"] for d in (at_rm, at_ro)] == [58, 11])
 expect("conversation x4 at 0.7: TTFT P50 -50 % with 12-06m, -18 % with 12-06o",
        [d["conv4-pd-reserve70-b256-c1024-fd-42s"]["ttft p50"] for d in (at_rm, at_ro)] == [-50, -18])
+# The same grid over the first two calls' eleven runs picks 12-06o's values; the last two calls'
+# seven runs check it: 6 of 28 over 15 % (12-06m 10).
+later = [r for r in refit if re.search(r"conv5-|-rep(-42s)?$", r)]
+expect(f"seven runs of the last two calls (got {len(later)})", len(later) == 7)
+over_lo, over_lm = score("h100-cuda-engine-2026-12-06o.toml", later)[0], score("h100-cuda-engine-2026-12-06m.toml", later)[0]
+expect(f"on them 12-06o misses 6 of 28, 12-06m 10 (got {over_lo}, {over_lm})", (over_lo, over_lm) == (6, 10))
 finish()
