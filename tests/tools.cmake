@@ -19,4 +19,4 @@ duet_script_check(repeat_spread check_repeat_spread.py 60 ${PROJECT_SOURCE_DIR})
 
 # The H100 serving-fidelity figures of docs/benchmarks.md, recomputed from the stored runs
 # (skipped without the Azure traces in ../shared/traces).
-duet_script_check(h100_fidelity check_h100_fidelity.py 300 ${PROJECT_SOURCE_DIR} $<TARGET_FILE:duet>)
+duet_script_check(h100_fidelity check_h100_fidelity.py 600 ${PROJECT_SOURCE_DIR} $<TARGET_FILE:duet>)
