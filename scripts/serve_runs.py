@@ -12,13 +12,13 @@ import sys
 
 # Name patterns, the first that matches wins, and the window (trace start duration rate) of
 # each (scripts/gpu-serve.sh's runs).
-WINDOWS = ((r"conv5-.*-42s$", "conv 0 210 5"), (r"conv5-", "conv 0 300 5"), (r"conv45-.*-42s$", "conv 0 189 4.5"), (r"conv45-", "conv 0 240 4.5"),
+WINDOWS = ((r"conv6-.*-42s$", "conv 0 252 6"), (r"conv5-.*-42s$", "conv 0 210 5"), (r"conv5-", "conv 0 300 5"), (r"conv45-.*-42s$", "conv 0 189 4.5"), (r"conv45-", "conv 0 240 4.5"),
            (r"conv4-.*-42s$", "conv 0 168 4"), (r"conv4-", "conv 0 240 4"),
            (r"conv35-.*-42s$", "conv 0 147 3.5"), (r"conv35-", "conv 0 210 3.5"),
            (r"conv3-.*-42s$", "conv 0 126 3"), (r"conv3-", "conv 0 180 3"),
            (r"conv25-.*-42s$", "conv 0 105 2.5"),
            (r"conv3long-", "conv 0 540 3"), (r"conv-1p1d$", "conv 0 180 6"), (r"conv-", "conv 0 180 3"),
-           (r"code1-", "code 180 60 1"), (r"code07-", "code 180 60 0.7"), (r"code05-", "code 180 60 0.5"), (r"code-1p1d$", "code 180 60 1.4"), (r"code-", "code 180 60 0.7"))
+           (r"code1-.*-42s$", "code 0 42 1"), (r"code1-", "code 180 60 1"), (r"code07-", "code 180 60 0.7"), (r"code05-", "code 180 60 0.5"), (r"code-1p1d$", "code 180 60 1.4"), (r"code-", "code 180 60 0.7"))
 
 
 def window(name):
