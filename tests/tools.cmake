@@ -20,3 +20,6 @@ duet_script_check(repeat_spread check_repeat_spread.py 60 ${PROJECT_SOURCE_DIR})
 # The H100 serving-fidelity figures of docs/benchmarks.md, recomputed from the stored runs
 # (skipped without the Azure traces in ../shared/traces).
 duet_script_check(h100_fidelity check_h100_fidelity.py 600 ${PROJECT_SOURCE_DIR} $<TARGET_FILE:duet>)
+
+# The same for the H200's runs of the engine without the prompt-length stall.
+duet_script_check(h200_fidelity check_h200_fidelity.py 600 ${PROJECT_SOURCE_DIR} $<TARGET_FILE:duet>)

@@ -9,11 +9,11 @@ them it exits 77 (skipped).
 """
 import pathlib
 import re
-import subprocess
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from expectations import expect, finish  # noqa: E402
+import fidelity  # noqa: E402
 
 root, duet = pathlib.Path(sys.argv[1]), sys.argv[2]
 traces = root.parent / "shared/traces"
@@ -21,7 +21,6 @@ if not (traces / "AzureLLMInferenceTrace_conv_2023.csv").exists():
     print(f"skipped: {traces} has no Azure traces")
     sys.exit(77)
 data = root / "docs/data"
-cal = root / "config/calibration-duet"
 
 
 def runs(*folders, reps=False):
@@ -32,19 +31,7 @@ def runs(*folders, reps=False):
 
 def score(calibration, run_list):
     """(misses over 15 %, of them outside the ±3 % speed band, {run: {figure: miss}})"""
-    out = subprocess.run([sys.executable, str(root / "scripts/fit-concurrency.py"), "--base", str(cal / calibration),
-                          "--score-steps", "--speed-spread", "0.03", "--duet", duet, "--traces", str(traces),
-                          "--detail", "--runs", *run_list], capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        raise SystemExit(f"fit-concurrency.py failed: {out.stderr[-400:]}")
-    base = re.search(r"^\| base \| (\d+) \| (\d+) \|", out.stdout, re.M)
-    detail = {}
-    for line in out.stdout.splitlines():
-        m = re.match(r"\| (\S+/(\S+)) \| (.+) \|$", line)
-        if m:
-            cells = [int(c.strip().split()[0]) for c in m.group(3).split("|")]
-            detail[m.group(2)] = dict(zip(("ttft p50", "ttft p99", "itl p50", "itl p99", "prefill", "decode"), cells))
-    return int(base.group(1)), int(base.group(2)), detail
+    return fidelity.score(root, duet, traces, calibration, run_list)
 
 
 # 12-05c on the three 70/30 loads it was not fitted on: 1 of 12 misses, inside the speed band.

@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""The H200 serving-fidelity figures docs/benchmarks.md states for the engine without the
+prompt-length stall ("The H200 on the fixed engine"), recomputed by scripts/fit-concurrency.py
+from the 19 stored live runs of docs/data/h200-serve-fixed-2026-12-06 and today's simulator. A
+change to the cost model or to the H200 calibrations that moves them fails here. Needs the Azure
+traces in ../shared/traces; without them it exits 77 (skipped).
+
+    check_h200_fidelity.py REPO_ROOT DUET_BIN
+"""
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from expectations import expect, finish  # noqa: E402
+from fidelity import score  # noqa: E402
+
+root, duet = pathlib.Path(sys.argv[1]), sys.argv[2]
+traces = root.parent / "shared/traces"
+if not (traces / "AzureLLMInferenceTrace_conv_2023.csv").exists():
+    print(f"skipped: {traces} has no Azure traces")
+    sys.exit(77)
+folder = root / "docs/data/h200-serve-fixed-2026-12-06"
+runs = sorted(str(p.with_suffix("")) for p in folder.glob("*.toml") if p.with_suffix(".json").exists())
+expect(f"19 H200 runs of the fixed engine (got {len(runs)})", len(runs) == 19)
+
+
+def figures(detail):
+    return [v for d in detail.values() for k, v in d.items() if k.startswith(("ttft", "itl"))]
+
+
+def at(name):
+    return str(folder / name)
+
+
+# 12-06m (keys fitted on stalled runs) against 12-06p (three keys fitted on these runs, in sample).
+over_m, outside_m, by_m = score(root, duet, traces, "h200-cuda-engine-2026-12-06m.toml", runs)
+over_p, outside_p, by_p = score(root, duet, traces, "h200-cuda-engine-2026-12-06p.toml", runs)
+expect(f"12-06m misses 20 of 76 (18 outside the speed band), 12-06p 11 (11) (got {over_m} ({outside_m}), {over_p} ({outside_p}))",
+       (over_m, outside_m, over_p, outside_p) == (20, 18, 11, 11))
+expect("the worst miss: 12-06m 50 %, 12-06p 52 % (code x1 on PD streams, ITL P99)",
+       (max(map(abs, figures(by_m))), max(map(abs, figures(by_p)))) == (50, 52)
+       and by_p["code1-pd-streams-b256-c1024-fd-42s"]["itl p99"] == 52)
+expect("conversation x5 at 0.85: TTFT P50 -30 % with 12-06m, +2 % with 12-06p",
+       [d["conv5-pd-reserve85-b256-c1024-fd-42s"]["ttft p50"] for d in (by_m, by_p)] == [-30, 2])
+expect("conversation x5 with 768-token chunks: TTFT P50 +50 % with 12-06m, +11 % with 12-06p",
+       [d["conv5-pd-streams-b256-c768-fd-42s"]["ttft p50"] for d in (by_m, by_p)] == [50, 11])
+partition = [r for r in runs if "reserve" in r]
+over_part = score(root, duet, traces, "h200-cuda-engine-2026-12-06p.toml", partition)[0]
+expect(f"12-06p misses none of the six partition runs' 24 figures (got {over_part})", over_part == 0)
+colocated = sum(1 for r, d in by_p.items() if "colocated" in r for k, v in d.items() if k.startswith(("ttft", "itl")) and abs(v) > 15)
+expect(f"7 of 12-06p's 11 misses are colocated (conversation x5 and x6 TTFT priced long) (got {colocated})", colocated == 7)
+# The chunk keys picked on the first two calls' six PD-streams runs alone, checked on the three
+# conversation x5 PD-streams runs of the later calls: 12-06p 1 miss of 12, 12-06m 2.
+later = [at(n) for n in ("conv5-pd-streams-b256-c1024-fd-42s", "conv5-pd-streams-b256-c1024-fd-rep-42s",
+                         "conv5-pd-streams-b256-c768-fd-42s")]
+held_p = score(root, duet, traces, "h200-cuda-engine-2026-12-06p.toml", later)[0]
+held_m = score(root, duet, traces, "h200-cuda-engine-2026-12-06m.toml", later)[0]
+expect(f"on the later conversation x5 PD-streams runs 12-06p misses 1 of 12, 12-06m 2 (got {held_p}, {held_m})",
+       (held_p, held_m) == (1, 2))
+finish()

@@ -1,0 +1,23 @@
+"""scripts/fit-concurrency.py's score of one calibration on stored serving runs, for the
+fidelity checks (check_h100_fidelity.py, check_h200_fidelity.py)."""
+import re
+import subprocess
+import sys
+
+
+def score(root, duet, traces, calibration, run_list):
+    """(misses over 15 %, of them outside the ±3 % speed band, {run: {figure: miss in %}})"""
+    out = subprocess.run([sys.executable, str(root / "scripts/fit-concurrency.py"), "--base",
+                          str(root / "config/calibration-duet" / calibration), "--score-steps", "--speed-spread", "0.03",
+                          "--duet", duet, "--traces", str(traces), "--detail", "--runs", *run_list],
+                         capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise SystemExit(f"fit-concurrency.py failed: {out.stderr[-400:]}")
+    base = re.search(r"^\| base \| (\d+) \| (\d+) \|", out.stdout, re.M)
+    detail = {}
+    for line in out.stdout.splitlines():
+        m = re.match(r"\| (\S+/(\S+)) \| (.+) \|$", line)
+        if m:
+            cells = [int(c.strip().split()[0]) for c in m.group(3).split("|")]
+            detail[m.group(2)] = dict(zip(("ttft p50", "ttft p99", "itl p50", "itl p99", "prefill", "decode"), cells))
+    return int(base.group(1)), int(base.group(2)), detail
