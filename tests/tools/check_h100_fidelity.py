@@ -15,11 +15,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from expectations import expect, finish  # noqa: E402
 import fidelity  # noqa: E402
 
-root, duet = pathlib.Path(sys.argv[1]), sys.argv[2]
-traces = root.parent / "shared/traces"
-if not (traces / "AzureLLMInferenceTrace_conv_2023.csv").exists():
-    print(f"skipped: {traces} has no Azure traces")
-    sys.exit(77)
+root, duet, traces = fidelity.arguments()
 data = root / "docs/data"
 
 

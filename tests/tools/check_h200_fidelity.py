@@ -12,13 +12,9 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from expectations import expect, finish  # noqa: E402
-from fidelity import score  # noqa: E402
+from fidelity import arguments, score  # noqa: E402
 
-root, duet = pathlib.Path(sys.argv[1]), sys.argv[2]
-traces = root.parent / "shared/traces"
-if not (traces / "AzureLLMInferenceTrace_conv_2023.csv").exists():
-    print(f"skipped: {traces} has no Azure traces")
-    sys.exit(77)
+root, duet, traces = arguments()
 folder = root / "docs/data/h200-serve-fixed-2026-12-06"
 runs = sorted(str(p.with_suffix("")) for p in folder.glob("*.toml") if p.with_suffix(".json").exists())
 expect(f"19 H200 runs of the fixed engine (got {len(runs)})", len(runs) == 19)

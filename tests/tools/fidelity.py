@@ -1,8 +1,20 @@
 """scripts/fit-concurrency.py's score of one calibration on stored serving runs, for the
 fidelity checks (check_h100_fidelity.py, check_h200_fidelity.py)."""
+import pathlib
 import re
 import subprocess
 import sys
+
+
+def arguments():
+    """(repository root, duet binary, traces folder) from the command line; exits 77 (skipped)
+    without the Azure traces in ../shared/traces."""
+    root, duet = pathlib.Path(sys.argv[1]), sys.argv[2]
+    traces = root.parent / "shared/traces"
+    if not (traces / "AzureLLMInferenceTrace_conv_2023.csv").exists():
+        print(f"skipped: {traces} has no Azure traces")
+        sys.exit(77)
+    return root, duet, traces
 
 
 def score(root, duet, traces, calibration, run_list):
