@@ -40,6 +40,14 @@ expect("conversation x5 at 0.85: TTFT P50 -30 % with 12-06m, +2 % with 12-06p",
        [d["conv5-pd-reserve85-b256-c1024-fd-42s"]["ttft p50"] for d in (by_m, by_p)] == [-30, 2])
 expect("conversation x5 with 768-token chunks: TTFT P50 +50 % with 12-06m, +11 % with 12-06p",
        [d["conv5-pd-streams-b256-c768-fd-42s"]["ttft p50"] for d in (by_m, by_p)] == [50, 11])
+# 12-06q: the 2,048-row GEMM point 0.681 -> 0.72 with two prefill yields re-fitted (in sample).
+over_q, outside_q, by_q = score(root, duet, traces, "h200-cuda-engine-2026-12-06q.toml", runs)
+expect(f"12-06q misses 10 of 76, 5 outside the speed band (got {over_q}, {outside_q})", (over_q, outside_q) == (10, 5))
+colocated_q = [v for r, d in by_q.items() if "colocated" in r for k, v in d.items() if k.startswith(("ttft", "itl"))]
+expect(f"12-06q prices the five colocated runs' 20 figures within 15 % but one (got {sum(abs(v) > 15 for v in colocated_q)})",
+       sum(abs(v) > 15 for v in colocated_q) == 1)
+expect("conversation x5 colocated: TTFT P99 +34 % with 12-06p, +11 % with 12-06q",
+       [d["conv5-colocated-b256-42s"]["ttft p99"] for d in (by_p, by_q)] == [34, 11])
 partition = [r for r in runs if "reserve" in r]
 over_part = score(root, duet, traces, "h200-cuda-engine-2026-12-06p.toml", partition)[0]
 expect(f"12-06p misses none of the six partition runs' 24 figures (got {over_part})", over_part == 0)
