@@ -95,6 +95,7 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
       "concurrent_prefill_slowdown", "concurrent_decode_delay_s", "concurrent_decode_tile_keys",
       "concurrent_decode_delay_by_overlap", "concurrent_overlap_on_prefill_start", "concurrent_prefill_yield", "concurrent_prefill_attention_yield",
       "concurrent_prefill_yield_scale", "concurrent_decode_delay_scale", "concurrent_decode_slowdown_scale",
+      "concurrent_decode_delay_batch_scale",
       "reserve_decode_delay_scale", "reserve_decode_delay_batch_scale", "reserve_prefill_yield_scale",
       "reserve_prefill_yield_batch_scale", "reserve_prefill_attention_yield",
       "shared_prefill_delay_s", "front_end_s", "sm_shares"};
@@ -164,6 +165,7 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
   for (auto [key, slot] : {std::pair{"concurrent_prefill_yield_scale", &cal.concurrent_prefill_yield_scale},
                            std::pair{"concurrent_decode_delay_scale", &cal.concurrent_decode_delay_scale},
                            std::pair{"concurrent_decode_slowdown_scale", &cal.concurrent_decode_slowdown_scale},
+                           std::pair{"concurrent_decode_delay_batch_scale", &cal.concurrent_decode_delay_batch_scale},
                            std::pair{"reserve_decode_delay_batch_scale", &cal.reserve_decode_delay_batch_scale},
                            std::pair{"reserve_prefill_yield_batch_scale", &cal.reserve_prefill_yield_batch_scale}}) {
     if (const auto* n = root.get(key)) *slot = curve(file, *n, key, true);

@@ -130,6 +130,11 @@ struct gpu_calibration {
   efficiency_curve concurrent_prefill_yield_scale;
   efficiency_curve concurrent_decode_delay_scale;
   efficiency_curve concurrent_decode_slowdown_scale;
+  // x: the decode step's rows; a factor on the delay above on streams (empty: 1). A step of a
+  // few rows launches kernels of a few thread blocks each, which start on the first SMs a
+  // prefill block frees; a wide step's kernels wait for many. H200 runs: a 1-3 row step beside
+  // a 1,024-token chunk waited 3-6 ms, a 128-256 row step 24-26 ms (docs/sim.md).
+  efficiency_curve concurrent_decode_delay_batch_scale;
   // x: the fraction of the GPU's SMs no partition holds, when a decode engine on the whole GPU
   // (sm_share 1, own stream) runs beside a prefill engine on a partition (sm_share < 1): factor
   // on the delay above. Those SMs are decode's alone, so its kernels start there without

@@ -953,7 +953,7 @@ class event_sim {
       double delay = cal.concurrent_decode_delay_s.value_or(0.0) * 1e9 *
                      chunk_delay_factor(running, tl.gpu) *
                      cal.concurrent_decode_delay_scale.at(prefill_step_tokens(running), 1.0) *
-                     reserve_delay_scale(running, u, tl.gpu);
+                     decode_delay_factor(running, u, tl.gpu);
       if (cal.concurrent_decode_delay_by_overlap.value_or(false)) {
         // The step's kernels wait behind the prefill blocks only while the prefill step runs:
         // one that ends partway through this step delays it by that part of the delay.
@@ -1060,7 +1060,7 @@ class event_sim {
       const double delay = cal.concurrent_decode_delay_s.value_or(0.0) * 1e9 *
                            chunk_delay_factor(u, tl.gpu) *
                            cal.concurrent_decode_delay_scale.at(prefill_step_tokens(u), 1.0) *
-                           reserve_delay_scale(u, decode, tl.gpu);
+                           decode_delay_factor(u, decode, tl.gpu);
       other.step_end +=
           static_cast<int64_t>(delay * static_cast<double>(left) / static_cast<double>(whole));
       push({other.step_end, event_kind::step_done, false, t, ++other.generation});
@@ -1139,17 +1139,19 @@ class event_sim {
     return std::min(1.0, (rest + (*attention_yield - rest) * a) * scale);
   }
 
-  /// A whole-GPU decode step of `decode` beside a prefill step on a partition (`prefill` on a
-  /// share below 1, on a GPU where a worker at share 1 runs too): reserve_decode_delay_scale at
-  /// the SMs no partition holds, times reserve_decode_delay_batch_scale at the step's rows.
-  /// 1 otherwise.
-  [[nodiscard]] double reserve_delay_scale(const unit& prefill, const unit& decode,
+  /// The factor on the delay of a decode step of `decode` beside the prefill step of
+  /// `prefill`: a whole-GPU decode beside a prefill on a partition (a share below 1, on a GPU
+  /// where a worker at share 1 runs too) takes reserve_decode_delay_scale at the SMs no
+  /// partition holds times reserve_decode_delay_batch_scale at the step's rows; on streams,
+  /// concurrent_decode_delay_batch_scale at the step's rows.
+  [[nodiscard]] double decode_delay_factor(const unit& prefill, const unit& decode,
                                            uint32_t gpu) const {
-    const auto free = free_beside_partition(prefill, gpu);
-    if (!free) return 1.0;
     const auto& cal = specs_[gpu].calibration;
+    const auto rows = decode.engine->last_decode().batch;
+    const auto free = free_beside_partition(prefill, gpu);
+    if (!free) return cal.concurrent_decode_delay_batch_scale.at(rows, 1.0);
     return cal.reserve_decode_delay_scale.at(*free, 1.0) *
-           cal.reserve_decode_delay_batch_scale.at(decode.engine->last_decode().batch, 1.0);
+           cal.reserve_decode_delay_batch_scale.at(rows, 1.0);
   }
 
   /// The factor on the yield a prefill step on a partition (`prefill`) loses to each

@@ -48,6 +48,12 @@ expect(f"12-06q prices the five colocated runs' 20 figures within 15 % but one (
        sum(abs(v) > 15 for v in colocated_q) == 1)
 expect("conversation x5 colocated: TTFT P99 +34 % with 12-06p, +11 % with 12-06q",
        [d["conv5-colocated-b256-42s"]["ttft p99"] for d in (by_p, by_q)] == [34, 11])
+# 12-06r: the decode delay beside a chunk on streams scaled down for steps under 8 rows (in sample).
+over_r, outside_r, by_r = score(root, duet, traces, "h200-cuda-engine-2026-12-06r.toml", runs)
+expect(f"12-06r misses 9 of 76, 5 outside the speed band (got {over_r}, {outside_r})", (over_r, outside_r) == (9, 5))
+expect("code x1 on PD streams: ITL P99 +41 % with 12-06q, -4 % with 12-06r",
+       [d["code1-pd-streams-b256-c1024-fd-42s"]["itl p99"] for d in (by_q, by_r)] == [41, -4])
+expect(f"the worst miss with 12-06r 27 % (got {max(map(abs, figures(by_r)))})", max(map(abs, figures(by_r))) == 27)
 partition = [r for r in runs if "reserve" in r]
 over_part = score(root, duet, traces, "h200-cuda-engine-2026-12-06p.toml", partition)[0]
 expect(f"12-06p misses none of the six partition runs' 24 figures (got {over_part})", over_part == 0)
