@@ -1081,8 +1081,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "beside a prefill partition the decode delay and the prefill's yield scale by the decode "
-    "step's rows, and streams ignore both keys") {
+    "the decode delay beside a prefill step scales by the decode step's rows: the reserve_ keys "
+    "(and the prefill's yield) beside a partition, concurrent_decode_delay_batch_scale on streams") {
   auto streams_config = one_gpu_own_streams();
   auto reserve_config = one_gpu_prefill_partition(0.75);
   const auto streams = deployment_from_config(streams_config);
@@ -1127,49 +1127,24 @@ TEST_CASE(
   const auto streams_scaled = simulate(streams_config, streams, small_rows);
   CHECK(streams_scaled.itl_s.max == Approx(streams_plain.itl_s.max));
   CHECK(streams_scaled.ttft_s.p50 == Approx(streams_plain.ttft_s.p50));
-}
-
-TEST_CASE(
-    "on streams the decode delay beside a prefill step scales by the decode step's rows, and a "
-    "partition ignores the key") {
-  auto streams_config = one_gpu_own_streams();
-  auto reserve_config = one_gpu_prefill_partition(0.75);
-  const auto streams = deployment_from_config(streams_config);
-  const auto reserve = deployment_from_config(reserve_config);
-  // Few requests at a time: decode steps of 1-3 rows, each beside a prefill chunk.
-  const auto trace =
-      load_trace_spec("synthetic:poisson:rate=2,duration=30,in=2000,out=100,seed=11");
-  gpu_calibration cal;
-  cal.concurrent_decode_delay_s = 0.02;
-  cal.concurrent_prefill_yield = 0.6;
-  sim_options plain;
-  plain.calibrations[streams.gpus[0].type] = cal;
-  sim_options small_rows = plain;  // steps of up to 4 rows: half the delay
-  small_rows.calibrations[streams.gpus[0].type].concurrent_decode_delay_batch_scale.points = {
-      {4, 0.5}, {64, 1}};
-  sim_options large_rows = plain;  // below 64 rows the curve is flat at 1
-  large_rows.calibrations[streams.gpus[0].type].concurrent_decode_delay_batch_scale.points = {
-      {64, 1}, {128, 0.5}};
-  auto simulate = [&](const auto& config, const auto& deployment, const sim_options& o) {
-    const auto r = summarize(run_simulation(config, deployment, trace, o).records);
-    REQUIRE(r.completed == trace.size());
-    return r;
-  };
-  const auto unscaled = simulate(streams_config, streams, plain);
-  const auto halved = simulate(streams_config, streams, small_rows);
-  const auto untouched = simulate(streams_config, streams, large_rows);
-  MESSAGE("on streams, ITL max ms: unscaled " << unscaled.itl_s.max * 1e3 << ", halved "
-                                             << halved.itl_s.max * 1e3);
-  CHECK(unscaled.itl_s.max >= 0.02);
-  CHECK(halved.itl_s.max < unscaled.itl_s.max - 0.008);
-  CHECK(halved.itl_s.p99 < unscaled.itl_s.p99);
-  CHECK(untouched.itl_s.max == Approx(unscaled.itl_s.max));
-  CHECK(untouched.itl_s.p99 == Approx(unscaled.itl_s.p99));
-  // Beside a partition the reserve_ keys scale the delay, not this one.
-  const auto reserve_plain = simulate(reserve_config, reserve, plain);
-  const auto reserve_scaled = simulate(reserve_config, reserve, small_rows);
-  CHECK(reserve_scaled.itl_s.max == Approx(reserve_plain.itl_s.max));
-  CHECK(reserve_scaled.ttft_s.p50 == Approx(reserve_plain.ttft_s.p50));
+  // Streams have a key of their own, which a partition ignores in turn.
+  sim_options streams_small_rows = plain, streams_large_rows = plain;
+  streams_small_rows.calibrations[streams.gpus[0].type].concurrent_decode_delay_batch_scale.points =
+      {{4, 0.5}, {64, 1}};
+  streams_large_rows.calibrations[streams.gpus[0].type].concurrent_decode_delay_batch_scale.points =
+      {{64, 1}, {128, 0.5}};
+  const auto streams_halved = simulate(streams_config, streams, streams_small_rows);
+  const auto streams_untouched = simulate(streams_config, streams, streams_large_rows);
+  MESSAGE("on streams, ITL max ms: unscaled " << streams_plain.itl_s.max * 1e3 << ", halved "
+                                             << streams_halved.itl_s.max * 1e3);
+  CHECK(streams_plain.itl_s.max >= 0.02);
+  CHECK(streams_halved.itl_s.max < streams_plain.itl_s.max - 0.008);
+  CHECK(streams_halved.itl_s.p99 < streams_plain.itl_s.p99);
+  CHECK(streams_untouched.itl_s.max == Approx(streams_plain.itl_s.max));
+  CHECK(streams_untouched.itl_s.p99 == Approx(streams_plain.itl_s.p99));
+  const auto reserve_with_streams_key = simulate(reserve_config, reserve, streams_small_rows);
+  CHECK(reserve_with_streams_key.itl_s.max == Approx(unscaled.itl_s.max));
+  CHECK(reserve_with_streams_key.ttft_s.p50 == Approx(unscaled.ttft_s.p50));
 }
 
 TEST_CASE("a decode step waits out the delay beside a prefill step only for the part they overlap") {
