@@ -30,7 +30,7 @@ import sys
 import tempfile
 
 from calibration_grid import grid_points, with_keys
-from serve_runs import bucket_step, decode_thread, prefill_thread, window
+from serve_runs import bucket_step, decode_thread, prefill_thread, trace_file, window
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIGURES = (("ttft_s", "p50"), ("ttft_s", "p99"), ("itl_s", "p50"), ("itl_s", "p99"))
@@ -43,7 +43,7 @@ def simulate(duet, traces, run, cal_file, out_dir, spread=0.0):
     env = dict(os.environ, DUET_PREFILL_THREAD=str(prefill_thread(run)), DUET_DECODE_THREAD=str(decode_thread(run)),
                DUET_DECODE_BUCKET_STEP=str(bucket_step(run)))
     subprocess.run([duet, "sim", "--config", f"{run}.toml",
-                    "--trace", f"{traces}/AzureLLMInferenceTrace_{trace}_2023.csv",
+                    "--trace", f"{traces}/{trace_file(trace)}",
                     "--start", start, "--duration", duration, "--rate-scale", rate,
                     "--slo", "ttft=2s,tpot=50ms", "--calibration", cal_file, "--out", str(out),
                     "--speed-spread", str(spread)],
