@@ -577,12 +577,14 @@ TEST_CASE(
   };
   CHECK(contains(refusal("zero_scale.toml", "concurrent_decode_delay_scale = [[512, 0], [2048, 1]]\n"),
                  "must be above 0"));
-  std::ofstream(dir / "batch_scale.toml") << "concurrent_decode_delay_batch_scale = [[2, 0.55], [8, 1]]\n";
+  std::ofstream(dir / "batch_scale.toml")
+      << "concurrent_decode_delay_batch_scale = [[2, 0.55], [8, 1]]\n";
   const auto by_rows = load_gpu_calibration(dir / "batch_scale.toml");
   CHECK(by_rows.concurrent_decode_delay_batch_scale.at(1, 1.0) == Approx(0.55));
   CHECK(by_rows.concurrent_decode_delay_batch_scale.at(256, 1.0) == Approx(1.0));
-  CHECK(contains(refusal("zero_batch_scale.toml", "concurrent_decode_delay_batch_scale = [[2, 0], [8, 1]]\n"),
-                 "must be above 0"));
+  CHECK(contains(
+      refusal("zero_batch_scale.toml", "concurrent_decode_delay_batch_scale = [[2, 0], [8, 1]]\n"),
+      "must be above 0"));
   CHECK(contains(refusal("scale_order.toml", "concurrent_prefill_yield_scale = [[2048, 1], [512, 1.5]]\n"),
                  "shapes must be strictly ascending"));
   CHECK(contains(refusal("scale_scalar.toml", "concurrent_prefill_yield_scale = 1.5\n"),
@@ -1082,7 +1084,8 @@ TEST_CASE(
 
 TEST_CASE(
     "the decode delay beside a prefill step scales by the decode step's rows: the reserve_ keys "
-    "(and the prefill's yield) beside a partition, concurrent_decode_delay_batch_scale on streams") {
+    "(and the prefill's yield) beside a partition, concurrent_decode_delay_batch_scale on "
+    "streams") {
   auto streams_config = one_gpu_own_streams();
   auto reserve_config = one_gpu_prefill_partition(0.75);
   const auto streams = deployment_from_config(streams_config);
@@ -1129,14 +1132,14 @@ TEST_CASE(
   CHECK(streams_scaled.ttft_s.p50 == Approx(streams_plain.ttft_s.p50));
   // Streams have a key of their own, which a partition ignores in turn.
   sim_options streams_small_rows = plain, streams_large_rows = plain;
-  streams_small_rows.calibrations[streams.gpus[0].type].concurrent_decode_delay_batch_scale.points =
-      {{4, 0.5}, {64, 1}};
-  streams_large_rows.calibrations[streams.gpus[0].type].concurrent_decode_delay_batch_scale.points =
-      {{64, 1}, {128, 0.5}};
+  streams_small_rows.calibrations[streams.gpus[0].type]
+      .concurrent_decode_delay_batch_scale.points = {{4, 0.5}, {64, 1}};
+  streams_large_rows.calibrations[streams.gpus[0].type]
+      .concurrent_decode_delay_batch_scale.points = {{64, 1}, {128, 0.5}};
   const auto streams_halved = simulate(streams_config, streams, streams_small_rows);
   const auto streams_untouched = simulate(streams_config, streams, streams_large_rows);
   MESSAGE("on streams, ITL max ms: unscaled " << streams_plain.itl_s.max * 1e3 << ", halved "
-                                             << streams_halved.itl_s.max * 1e3);
+                                              << streams_halved.itl_s.max * 1e3);
   CHECK(streams_plain.itl_s.max >= 0.02);
   CHECK(streams_halved.itl_s.max < streams_plain.itl_s.max - 0.008);
   CHECK(streams_halved.itl_s.p99 < streams_plain.itl_s.p99);
