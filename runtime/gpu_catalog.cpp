@@ -88,42 +88,16 @@ efficiency_curve curve(const std::filesystem::path& file, const toml::node& node
 
 gpu_calibration calibration_from(const toml::table& root, const std::filesystem::path& file,
                                  std::string_view expected_gpu) {
-  static const std::set<std::string, std::less<>> keys = {"gpu",
-                                                          "measured",
-                                                          "source",
-                                                          "step_overhead_s",
-                                                          "decode_sequence_overhead_s",
-                                                          "gemm",
-                                                          "attention",
-                                                          "memory",
-                                                          "prefill_memory",
-                                                          "prefill_gemm_row_tile",
-                                                          "prefill_roofline_exponent",
-                                                          "split_bandwidth",
-                                                          "split_kv_bandwidth",
-                                                          "split_compute",
-                                                          "split_decode_slowdown",
-                                                          "split_prefill_slowdown",
-                                                          "concurrent_decode_slowdown",
-                                                          "concurrent_prefill_slowdown",
-                                                          "concurrent_decode_delay_s",
-                                                          "concurrent_decode_tile_keys",
-                                                          "concurrent_decode_delay_by_overlap",
-                                                          "concurrent_overlap_on_prefill_start",
-                                                          "concurrent_prefill_yield",
-                                                          "concurrent_prefill_attention_yield",
-                                                          "concurrent_prefill_yield_scale",
-                                                          "concurrent_decode_delay_scale",
-                                                          "concurrent_decode_slowdown_scale",
-                                                          "concurrent_decode_delay_batch_scale",
-                                                          "reserve_decode_delay_scale",
-                                                          "reserve_decode_delay_batch_scale",
-                                                          "reserve_prefill_yield_scale",
-                                                          "reserve_prefill_yield_batch_scale",
-                                                          "reserve_prefill_attention_yield",
-                                                          "shared_prefill_delay_s",
-                                                          "front_end_s",
-                                                          "sm_shares"};
+  static const std::set<std::string, std::less<>> keys = {
+      "gpu", "measured", "source", "step_overhead_s", "decode_sequence_overhead_s",
+      "gemm", "attention", "memory", "prefill_memory", "prefill_gemm_row_tile", "prefill_roofline_exponent", "split_bandwidth", "split_kv_bandwidth", "split_compute",
+      "split_decode_slowdown", "split_prefill_slowdown", "concurrent_decode_slowdown",
+      "concurrent_prefill_slowdown", "concurrent_decode_delay_s", "concurrent_decode_tile_keys",
+      "concurrent_decode_delay_by_overlap", "concurrent_overlap_on_prefill_start", "concurrent_prefill_yield", "concurrent_prefill_attention_yield",
+      "concurrent_prefill_yield_scale", "concurrent_decode_delay_scale", "concurrent_decode_slowdown_scale",
+      "concurrent_decode_delay_batch_scale", "reserve_decode_delay_scale", "reserve_decode_delay_batch_scale", "reserve_prefill_yield_scale",
+      "reserve_prefill_yield_batch_scale", "reserve_prefill_attention_yield",
+      "shared_prefill_delay_s", "front_end_s", "sm_shares"};
   gpu_calibration cal;
   cal.source = file.string();
   for (const auto& [k, v] : root) {
@@ -187,13 +161,12 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
         fraction(file, *n, "concurrent_prefill_attention_yield");
   if (const auto* n = root.get("reserve_prefill_attention_yield"))
     cal.reserve_prefill_attention_yield = fraction(file, *n, "reserve_prefill_attention_yield");
-  for (auto [key, slot] :
-       {std::pair{"concurrent_prefill_yield_scale", &cal.concurrent_prefill_yield_scale},
-        std::pair{"concurrent_decode_delay_scale", &cal.concurrent_decode_delay_scale},
-        std::pair{"concurrent_decode_slowdown_scale", &cal.concurrent_decode_slowdown_scale},
-        std::pair{"concurrent_decode_delay_batch_scale", &cal.concurrent_decode_delay_batch_scale},
-        std::pair{"reserve_decode_delay_batch_scale", &cal.reserve_decode_delay_batch_scale},
-        std::pair{"reserve_prefill_yield_batch_scale", &cal.reserve_prefill_yield_batch_scale}}) {
+  for (auto [key, slot] : {std::pair{"concurrent_prefill_yield_scale", &cal.concurrent_prefill_yield_scale},
+                           std::pair{"concurrent_decode_delay_scale", &cal.concurrent_decode_delay_scale},
+                           std::pair{"concurrent_decode_slowdown_scale", &cal.concurrent_decode_slowdown_scale},
+                           std::pair{"concurrent_decode_delay_batch_scale", &cal.concurrent_decode_delay_batch_scale},
+                           std::pair{"reserve_decode_delay_batch_scale", &cal.reserve_decode_delay_batch_scale},
+                           std::pair{"reserve_prefill_yield_batch_scale", &cal.reserve_prefill_yield_batch_scale}}) {
     if (const auto* n = root.get(key)) *slot = curve(file, *n, key, true);
   }
   for (auto [key, slot] : {std::pair{"reserve_decode_delay_scale", &cal.reserve_decode_delay_scale},
