@@ -49,7 +49,7 @@ for toml in "$DATA"/*.toml; do
       printf '\n[router]\nfirst_token = "%s"\n' "$FIRST_TOKEN" >>"$OUT/$name.toml"
     fi
   fi
-  DUET_DECODE_BUCKET_STEP=$5 DUET_PREFILL_THREAD=$6 DUET_DECODE_THREAD=${RESIM_DECODE_THREAD:-$7} "$DUET" sim --config "$OUT/$name.toml" --trace "$TRACES/$(python3 -c "import sys; sys.path.insert(0, 'scripts'); from serve_runs import trace_file; print(trace_file('$1'))")" --start "$2" \
+  DUET_DECODE_BUCKET_STEP=$5 DUET_PREFILL_THREAD=$6 DUET_DECODE_THREAD=${RESIM_DECODE_THREAD:-$7} "$DUET" sim --config "$OUT/$name.toml" --trace "$TRACES/$1" --start "$2" \
     --duration "$3" --rate-scale "$4" --slo ttft=2s,tpot=50ms --calibration "$CAL" \
     --speed-spread "$SPREAD" --out "$OUT/$name" >"$OUT/$name.log"
 done

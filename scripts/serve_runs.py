@@ -3,8 +3,9 @@ window and the engine settings the simulator must be given to price it as it ran
 place that knows; scripts/resim-serve.sh, fit-concurrency.py and repeat-spread.py read it.
 
   python3 scripts/serve_runs.py docs/data/h200-serve-2026-12-03d/conv4-pd-streams-b256
-  -> conv 0 240 4 32 1 0   (trace, start s, duration s, rate scale, decode bucket step, prefill
-                            thread, decode thread)
+  -> AzureLLMInferenceTrace_conv_2023.csv 0 240 4 32 1 0
+     (trace file, start s, duration s, rate scale, decode bucket step, prefill thread, decode
+      thread)
 """
 import pathlib
 import re
@@ -73,4 +74,5 @@ def decode_thread(run):
 
 if __name__ == "__main__":
     run = pathlib.Path(sys.argv[1])
-    print(*window(run.name), bucket_step(run), prefill_thread(run), decode_thread(run))
+    trace, *rest = window(run.name)
+    print(trace_file(trace), *rest, bucket_step(run), prefill_thread(run), decode_thread(run))
