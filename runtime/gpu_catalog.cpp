@@ -97,7 +97,7 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
       "concurrent_prefill_yield_scale", "concurrent_decode_delay_scale", "concurrent_decode_slowdown_scale",
       "concurrent_decode_delay_batch_scale", "reserve_decode_delay_scale", "reserve_decode_delay_batch_scale", "reserve_prefill_yield_scale",
       "reserve_prefill_yield_batch_scale", "reserve_prefill_attention_yield",
-      "shared_prefill_delay_s", "front_end_s", "sm_shares"};
+      "shared_prefill_delay_s", "shared_decode_lag_s", "front_end_s", "front_end_token_s", "sm_shares"};
   gpu_calibration cal;
   cal.source = file.string();
   for (const auto& [k, v] : root) {
@@ -161,12 +161,14 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
         fraction(file, *n, "concurrent_prefill_attention_yield");
   if (const auto* n = root.get("reserve_prefill_attention_yield"))
     cal.reserve_prefill_attention_yield = fraction(file, *n, "reserve_prefill_attention_yield");
-  for (auto [key, slot] : {std::pair{"concurrent_prefill_yield_scale", &cal.concurrent_prefill_yield_scale},
-                           std::pair{"concurrent_decode_delay_scale", &cal.concurrent_decode_delay_scale},
-                           std::pair{"concurrent_decode_slowdown_scale", &cal.concurrent_decode_slowdown_scale},
-                           std::pair{"concurrent_decode_delay_batch_scale", &cal.concurrent_decode_delay_batch_scale},
-                           std::pair{"reserve_decode_delay_batch_scale", &cal.reserve_decode_delay_batch_scale},
-                           std::pair{"reserve_prefill_yield_batch_scale", &cal.reserve_prefill_yield_batch_scale}}) {
+  for (auto [key, slot] :
+       {std::pair{"concurrent_prefill_yield_scale", &cal.concurrent_prefill_yield_scale},
+        std::pair{"concurrent_decode_delay_scale", &cal.concurrent_decode_delay_scale},
+        std::pair{"concurrent_decode_slowdown_scale", &cal.concurrent_decode_slowdown_scale},
+        std::pair{"concurrent_decode_delay_batch_scale", &cal.concurrent_decode_delay_batch_scale},
+        std::pair{"reserve_decode_delay_batch_scale", &cal.reserve_decode_delay_batch_scale},
+        std::pair{"reserve_prefill_yield_batch_scale", &cal.reserve_prefill_yield_batch_scale},
+        std::pair{"shared_decode_lag_s", &cal.shared_decode_lag_s}}) {
     if (const auto* n = root.get(key)) *slot = curve(file, *n, key, true);
   }
   for (auto [key, slot] : {std::pair{"reserve_decode_delay_scale", &cal.reserve_decode_delay_scale},
@@ -200,6 +202,8 @@ gpu_calibration calibration_from(const toml::table& root, const std::filesystem:
   if (const auto* n = root.get("shared_prefill_delay_s"))
     cal.shared_prefill_delay_s = number(file, *n, "shared_prefill_delay_s", false);
   if (const auto* n = root.get("front_end_s")) cal.front_end_s = number(file, *n, "front_end_s", false);
+  if (const auto* n = root.get("front_end_token_s"))
+    cal.front_end_token_s = number(file, *n, "front_end_token_s", false);
   for (auto [key, slot] : {std::pair{"split_bandwidth", &cal.split_bandwidth},
                            std::pair{"split_kv_bandwidth", &cal.split_kv_bandwidth},
                            std::pair{"split_compute", &cal.split_compute}}) {

@@ -160,11 +160,21 @@ struct gpu_calibration {
   // to the prefill step time (prefill.hop_step) the colocated serving runs measured; what
   // the time is spent on is not broken down (docs/sim.md).
   std::optional<double> shared_prefill_delay_s;
+  // x: a decode step's rows; seconds of a prefill step's work that run ahead of the decode step
+  // when both are enqueued on one shared stream in the same instant (empty: none). The decode
+  // worker prepares its rows on the host before it launches; the prefill worker's first
+  // kernels land on the stream meanwhile (docs/sim.md, "One shared stream").
+  efficiency_curve shared_decode_lag_s;
   // A request's time outside the router, front end to client and back (HTTP, tokenizing, the
   // first token's way out): event_sim admits each request this much after it arrives, so its
   // TTFT and end-to-end time include it. Measured, not fitted: the live runs' client TTFT less
   // the router's (bench serve's "beyond the router").
   std::optional<double> front_end_s;
+  // Front-end work per prompt token (reading and parsing the request body), which the
+  // requests in the front end at one time share (processor sharing): requests that arrive
+  // together reach the router shortest first. The Mooncake H100 runs: ten prompts of 2-16K
+  // tokens arriving in one millisecond were prefilled in order of length (docs/sim.md).
+  std::optional<double> front_end_token_s;
 };
 
 /// A GPU's spec-sheet peaks and the fractions of them reached in practice.

@@ -67,6 +67,40 @@ std::optional<step_policy> step_policy_from_string(std::string_view text) {
   return std::nullopt;
 }
 
+std::vector<double> processor_sharing_departures(std::span<const double> arrivals,
+                                                 std::span<const double> work) {
+  const size_t n = arrivals.size();
+  std::vector<double> out(n, 0.0);
+  std::vector<std::pair<size_t, double>> in;  // (job, work left)
+  double now = 0.0;
+  size_t next = 0;
+  while (next < n || !in.empty()) {
+    const double arrival = next < n ? arrivals[next] : std::numeric_limits<double>::infinity();
+    double least = std::numeric_limits<double>::infinity();
+    for (const auto& [job, left] : in) least = std::min(least, left);
+    const double shares = static_cast<double>(in.size());
+    const double finish = in.empty() ? arrival : now + least * shares;
+    if (arrival <= finish) {  // the next job comes in (or leaves at once, with no work)
+      for (auto& [job, left] : in) left -= (arrival - now) / shares;
+      now = arrival;
+      if (work[next] > 0)
+        in.emplace_back(next, work[next]);
+      else
+        out[next] = arrival;
+      ++next;
+      continue;
+    }
+    now = finish;
+    for (auto& [job, left] : in) left -= least;
+    std::erase_if(in, [&](const std::pair<size_t, double>& j) {
+      if (j.second > least * 1e-9) return false;
+      out[j.first] = now;
+      return true;
+    });
+  }
+  return out;
+}
+
 uint32_t kv_blocks_from_memory(const deployment_config& config, const std::string& gpu_type,
                                double memory_utilization, double share) {
   const auto shape = find_model_shape(config.model.preset);
@@ -238,6 +272,9 @@ struct stream_item {
   uint32_t unit = 0;
   uint64_t serial = 0;  // from 1, in enqueue order
   int64_t work_ns = 0;
+  int64_t enqueued_ns = 0;
+  uint32_t decode_rows = 0;  // a decode step's rows (0: a prefill step)
+  bool lead = false;  // the part of a prefill step that ran ahead of a decode step: no sync ends
 };
 
 struct timeline {
@@ -567,16 +604,33 @@ class event_sim {
     return most;
   }
 
+  /// When request i reaches the router: the fixed front-end time after its arrival, plus its
+  /// share of the front end's per-token work (front_end_token_s) with the requests in the
+  /// front end beside it.
+  [[nodiscard]] std::vector<double> admission_times() const {
+    double per_token = 0.0;
+    for (const auto& spec : specs_)
+      per_token = std::max(per_token, spec.calibration.front_end_token_s.value_or(0.0));
+    std::vector<double> arrivals, work;
+    for (const auto& r : requests_) {
+      arrivals.push_back(r.arrival_s);
+      work.push_back(per_token * r.input_tokens);
+    }
+    auto out = per_token > 0 ? processor_sharing_departures(arrivals, work) : arrivals;
+    for (double& t : out) t += front_end_s();
+    return out;
+  }
+
   void schedule_start() {
     // Load reports first, so the router knows its workers when the first request comes.
     for (uint32_t i = 0; i < units_.size(); ++i) push({0, event_kind::unit_report, false, i, 0});
     for (uint32_t i = 0; i < units_.size(); ++i) push({0, event_kind::unit_tick, false, i, 0});
     push({0, event_kind::router_tick, false, 0, 0});
     push({0, event_kind::broker_reclaim, false, 0, 0});
-    const double front_end = front_end_s();
+    const auto admitted = admission_times();
     for (uint32_t i = 0; i < requests_.size(); ++i) {
-      push({static_cast<int64_t>(std::llround((requests_[i].arrival_s + front_end) * 1e9)),
-            event_kind::arrival, false, i, 0});
+      push({static_cast<int64_t>(std::llround(admitted[i] * 1e9)), event_kind::arrival, false, i,
+            0});
     }
     const double span = requests_.empty() ? 0.0 : requests_.back().arrival_s;
     sample_period_ns_ =
@@ -636,6 +690,7 @@ class event_sim {
         if (e.payload != timelines_[e.a].generation) return;  // the step was pushed back
         return step_done(e.a);
       case event_kind::stream_done:
+        if (e.payload != timelines_[e.a].generation) return;  // a lead went in front of it
         return stream_done(e.a);
       case event_kind::arrival:
         return arrive(e.a);
@@ -1203,17 +1258,44 @@ class event_sim {
       u.second_sync = u.prefill && u.engine->last_prefill_sampled() > 0;
       u.wait_serial = 0;
       int64_t work = u.engine->last_modeled();
+      uint32_t rows = 0;
       if (u.prefill) {
         const double delay = specs_[tl.gpu].calibration.shared_prefill_delay_s.value_or(0.0);
         work += static_cast<int64_t>(std::llround(delay * 1e9));
-      }
-      tl.fifo.push_back({i, ++tl.serials, work});
-      if (tl.fifo.size() == 1) start_stream_head(t);
-      if (u.decode) {
+        work -= lead_decode_enqueued_now(t, i, work);
+      } else {
+        rows = u.decode->stepping_batch();
         auto& peak = counters_["sim.peak_decode_batch"];
-        peak = std::max<uint64_t>(peak, u.decode->stepping_batch());
+        peak = std::max<uint64_t>(peak, rows);
       }
+      tl.fifo.push_back({i, ++tl.serials, work, now_, rows});
+      if (tl.fifo.size() == 1) start_stream_head(t);
     }
+  }
+
+  /// A prefill step of unit `prefill` (`work` ns) enqueued in the same instant as a decode
+  /// step: live, the decode worker prepares its rows on the host before it launches, and the
+  /// prefill kernels enqueued meanwhile run first (H200 colocated runs: decode steps that
+  /// began with a 2,048-token chunk took 0.5 ms longer than alone at up to 64 rows, 1 ms at
+  /// 96-160, 4-5.5 ms at 224-256; docs/sim.md). Moves shared_decode_lag_s at the decode
+  /// step's rows of the prefill work in front of it; returns the ns moved.
+  int64_t lead_decode_enqueued_now(uint32_t t, uint32_t prefill, int64_t work) {
+    timeline& tl = timelines_[t];
+    const auto& lag_curve = specs_[tl.gpu].calibration.shared_decode_lag_s;
+    if (lag_curve.empty()) return 0;
+    auto decode = std::find_if(tl.fifo.begin(), tl.fifo.end(), [&](const stream_item& item) {
+      return item.decode_rows > 0 && item.enqueued_ns == now_;
+    });
+    if (decode == tl.fifo.end()) return 0;
+    const bool running = decode == tl.fifo.begin();
+    if (running && tl.step_start != now_) return 0;
+    const int64_t lead = std::min(
+        work, static_cast<int64_t>(std::llround(lag_curve.at(decode->decode_rows, 0.0) * 1e9)));
+    if (lead <= 0) return 0;
+    tl.fifo.insert(decode, {prefill, ++tl.serials, lead, now_, 0, true});
+    if (running) start_stream_head(t);  // its stream_done event goes stale
+    ++counters_["sim.stream_decode_lags"];
+    return lead;
   }
 
   void start_stream_head(uint32_t t) {
@@ -1239,7 +1321,9 @@ class event_sim {
     // of the prompts it finished before its next step (prefill_settings::register_hold_ms).
     std::vector<uint32_t> returning;
     unit& owner = *units_[done.unit];
-    if (owner.second_sync && !tl.fifo.empty()) {
+    if (done.lead) {
+      // the rest of the step is queued behind the decode step
+    } else if (owner.second_sync && !tl.fifo.empty()) {
       owner.wait_serial = tl.fifo.back().serial;
       ++counters_["sim.stream_second_sync_waits"];
     } else {

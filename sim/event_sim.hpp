@@ -176,6 +176,13 @@ struct sim_result {
                                         std::span<const trace_request> trace,
                                         const sim_options& options = {});
 
+/// When each job leaves a processor-sharing server that does one second of work per second,
+/// split evenly among the jobs in it: job i arrives at arrivals[i] (ascending) with work[i]
+/// seconds to do. A job of no work leaves as it arrives. Jobs arriving together with
+/// different work leave shortest first.
+[[nodiscard]] std::vector<double> processor_sharing_departures(std::span<const double> arrivals,
+                                                               std::span<const double> work);
+
 /// KV blocks a worker gets when its kv_blocks is 0: (memory·utilization − weights) split by
 /// kv_memory_share, in blocks of config.model.block_tokens.
 [[nodiscard]] uint32_t kv_blocks_from_memory(const deployment_config& config,

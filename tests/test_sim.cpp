@@ -546,6 +546,21 @@ TEST_CASE(
   std::ofstream(dir / "negative_front_end.toml") << "front_end_s = -0.001\n";
   CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "negative_front_end.toml"); }),
                  "must not be negative"));
+  std::ofstream(dir / "front_end_tokens.toml")
+      << "front_end_token_s = 5e-7\nshared_decode_lag_s = [[32, 0.0005], [256, 0.0055]]\n";
+  const auto front = load_gpu_calibration(dir / "front_end_tokens.toml");
+  CHECK(front.front_end_token_s == Approx(5e-7));
+  CHECK(front.shared_decode_lag_s.at(32, 0) == Approx(0.0005));
+  CHECK(front.shared_decode_lag_s.at(256, 0) == Approx(0.0055));
+  CHECK(contention.shared_decode_lag_s.empty());
+  std::ofstream(dir / "negative_token.toml") << "front_end_token_s = -1e-7\n";
+  CHECK(contains(
+      error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "negative_token.toml"); }),
+      "must not be negative"));
+  std::ofstream(dir / "zero_lag.toml") << "shared_decode_lag_s = [[32, 0]]\n";
+  CHECK(contains(
+      error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "zero_lag.toml"); }),
+      "must be above 0"));
   std::ofstream(dir / "negative_delay.toml") << "shared_prefill_delay_s = -0.001\n";
   CHECK(contains(error_of<gpu_catalog_error>([&] { (void)load_gpu_calibration(dir / "negative_delay.toml"); }),
                  "must not be negative"));
@@ -1816,6 +1831,20 @@ TEST_CASE(
     CHECK(*r.records[2].ttft_s() == Approx(c_ttft + 2 * delay).epsilon(1e-9));
     CHECK(r.records[0].itl_s[3] == Approx(pb + delay + decode_a(4)).epsilon(1e-6));
   }
+  SUBCASE("a decode step enqueued in the same instant as a chunk waits for the chunk's lead") {
+    const double lag = 0.002;
+    gpu_calibration cal;
+    cal.shared_decode_lag_s.points = {{1, lag}, {256, lag}};
+    o.calibrations["h200"] = cal;
+    const auto r = run_simulation(config, d, trace, o);
+    for (const auto& rec : r.records) REQUIRE(rec.succeeded());
+    // At the release D5 and C's chunk are enqueued together: 2 ms of the chunk runs first, so
+    // A's gap at D5 is 2 ms longer, and the chunk, C's first token and B's are not moved.
+    CHECK(r.records[0].itl_s[4] == Approx(decode_a(5) + lag).epsilon(1e-6));
+    CHECK(*r.records[1].ttft_s() == Approx(b_ttft).epsilon(1e-9));
+    CHECK(*r.records[2].ttft_s() == Approx(c_ttft).epsilon(1e-9));
+    CHECK(r.counters.at("sim.stream_decode_lags") == 1);
+  }
   SUBCASE("a front end's time per request is in every TTFT and end-to-end time, no gap") {
     const double front_end = 0.003;
     const auto plain = run_simulation(config, d, trace, o);
@@ -1834,6 +1863,42 @@ TEST_CASE(
     }
     CHECK(*r.records[1].ttft_s() == Approx(b_ttft + front_end).epsilon(1e-9));
   }
+}
+
+TEST_CASE("the front end shares its per-token work among the requests in it at once") {
+  using std::vector;
+  // Two jobs in together share the server: the short one leaves first, after twice its work.
+  CHECK(processor_sharing_departures(vector<double>{0, 0}, vector<double>{1, 2}) ==
+        vector<double>{2, 3});
+  // One alone for a second, then two: each gets half the server until both are done.
+  const auto later = processor_sharing_departures(vector<double>{0, 1}, vector<double>{2, 1});
+  CHECK(later[0] == Approx(3));
+  CHECK(later[1] == Approx(3));
+  // A job of no work leaves as it comes; one arriving to an empty server takes its work.
+  CHECK(processor_sharing_departures(vector<double>{0, 0.5, 5}, vector<double>{1, 0, 1}) ==
+        vector<double>{1, 0.5, 6});
+
+  // A long prompt and a short one arrive together, the long one first in the trace: with the
+  // front end's work per token the short one reaches the router first, after twice its share.
+  auto config = default_config();
+  config.engine.gpu = "h200";
+  const auto d = parse_deployment_spec("1P1D", config, "h200");
+  const double per_token = 1e-5;
+  sim_options o;
+  const auto alone =
+      run_simulation(config, d, std::vector<trace_request>{request_at(0, 500, 2)}, o);
+  const std::vector<trace_request> both = {request_at(0, 4000, 2), request_at(0, 500, 2)};
+  const auto fifo = run_simulation(config, d, both, o);
+  gpu_calibration cal;
+  cal.front_end_token_s = per_token;
+  o.calibrations["h200"] = cal;
+  const auto shared = run_simulation(config, d, both, o);
+  for (const auto& r : {std::cref(alone), std::cref(fifo), std::cref(shared)})
+    for (const auto& rec : r.get().records) REQUIRE(rec.succeeded());
+  CHECK(*fifo.records[1].ttft_s() > *fifo.records[0].ttft_s());
+  CHECK(*shared.records[1].ttft_s() < *shared.records[0].ttft_s());
+  CHECK(*shared.records[1].ttft_s() ==
+        Approx(2 * 500 * per_token + *alone.records[0].ttft_s()).epsilon(1e-9));
 }
 
 TEST_CASE(
