@@ -44,8 +44,9 @@ SERVING_KEYS = ("step_overhead_s", "decode_sequence_overhead_s", "split_bandwidt
                 "concurrent_decode_delay_s", "concurrent_decode_tile_keys", "concurrent_decode_delay_by_overlap",
                 "concurrent_overlap_on_prefill_start", "concurrent_prefill_yield",
                 "concurrent_prefill_attention_yield", "concurrent_prefill_yield_scale",
-                "concurrent_decode_delay_scale", "concurrent_decode_slowdown_scale", "shared_prefill_delay_s",
-                "prefill_memory", "split_decode_slowdown", "split_prefill_slowdown", "front_end_s",
+                "concurrent_decode_delay_scale", "concurrent_decode_slowdown_scale",
+                "concurrent_decode_delay_batch_scale", "shared_prefill_delay_s", "shared_decode_lag_s",
+                "prefill_memory", "split_decode_slowdown", "split_prefill_slowdown", "front_end_s", "front_end_token_s", "sm_shares",
                 "reserve_decode_delay_scale", "reserve_decode_delay_batch_scale", "reserve_prefill_yield_scale",
                 "reserve_prefill_yield_batch_scale", "reserve_prefill_attention_yield")
 
@@ -129,16 +130,18 @@ def memory_curve(decode_rows, bandwidth, overhead_s, excluded):
 
 
 def toml_value(value):
-    """A serving key's value as TOML: a curve, a flag or a number."""
+    """A serving key's value as TOML: a curve, a flag, a word or a number."""
     if isinstance(value, list):
-        return toml_curve(value, '{:g}')
+        return toml_curve(value, '{:g}', '{:.4g}')  # some curves hold seconds, not fractions
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
     return format(value, 'g')
 
 
-def toml_curve(points, x_format):
-    return "[" + ", ".join(f"[{x_format.format(x)}, {f:.3f}]" for x, f in points) + "]"
+def toml_curve(points, x_format, y_format='{:.3f}'):
+    return "[" + ", ".join(f"[{x_format.format(x)}, {y_format.format(f)}]" for x, f in points) + "]"
 
 
 def main():

@@ -318,4 +318,21 @@ later = [r for r in refit if re.search(r"conv5-|-rep(-42s)?$", r)]
 expect(f"seven runs of the last two calls (got {len(later)})", len(later) == 7)
 over_lo, over_lm = score("h100-cuda-engine-2026-12-06o.toml", later)[0], score("h100-cuda-engine-2026-12-06m.toml", later)[0]
 expect(f"on them 12-06o misses 6 of 28, 12-06m 10 (got {over_lo}, {over_lm})", (over_lo, over_lm) == (6, 10))
+# The Mooncake conversation trace (docs/data/h100-serve-mooncake-2026-12-07), predicted with 12-06o
+# before the runs: TTFT P50 34-49 % long, because the front end passed a burst's prompts on
+# shortest first. 12-07 (the front end's per-token work, shared by the requests in it, measured
+# on these runs' time outside the router) misses none of their 12 figures.
+mooncake = runs("h100-serve-mooncake-2026-12-07")
+expect(f"three Mooncake runs (got {len(mooncake)})", len(mooncake) == 3)
+over_mo, _, at_mo = score("h100-cuda-engine-2026-12-06o.toml", mooncake)
+over_m7, _, at_m7 = score("h100-cuda-engine-2026-12-07.toml", mooncake)
+expect(f"12-06o misses 3 of their 12 figures, 12-07 none (got {over_mo}, {over_m7})", (over_mo, over_m7) == (3, 0))
+expect("TTFT P50 colocated / PD streams / prefill on 0.7: +49 / +34 / +41 % with 12-06o, +4 / -7 / +2 % with 12-07",
+       [[d[r]["ttft p50"] for r in ("mc025-colocated-b256", "mc025-pd-streams-b256-c1024-fd", "mc025-pd-reserve70-b256-c1024-fd")]
+        for d in (at_mo, at_m7)] == [[49, 34, 41], [4, -7, 2]])
+azure = runs("h100-serve-fixed-2026-12-06", reps=True)
+over_a7, outside_a7, _ = score("h100-cuda-engine-2026-12-07.toml", azure)
+over_ao, outside_ao, _ = score("h100-cuda-engine-2026-12-06o.toml", azure)
+expect(f"on the 16 Azure runs of the fixed engine 12-06o misses 9 (6 outside the band), 12-07 10 (9) "
+       f"(got {over_ao} ({outside_ao}), {over_a7} ({outside_a7}))", (over_ao, outside_ao, over_a7, outside_a7) == (9, 6, 10, 9))
 finish()

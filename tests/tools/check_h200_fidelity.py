@@ -54,6 +54,13 @@ expect(f"12-06r misses 9 of 76, 5 outside the speed band (got {over_r}, {outside
 expect("code x1 on PD streams: ITL P99 +41 % with 12-06q, -4 % with 12-06r",
        [d["code1-pd-streams-b256-c1024-fd-42s"]["itl p99"] for d in (by_q, by_r)] == [41, -4])
 expect(f"the worst miss with 12-06r 27 % (got {max(map(abs, figures(by_r)))})", max(map(abs, figures(by_r))) == 27)
+# 12-07: decode steps priced from the benchmark of the same engine, the shared-stream lag and the
+# front end's per-token work measured, the contention keys re-fitted (in sample).
+over_7, outside_7, by_7 = score(root, duet, traces, "h200-cuda-engine-2026-12-07.toml", runs)
+expect(f"12-07 misses 2 of 76, 1 outside the speed band, worst 17 % (got {over_7}, {outside_7}, {max(map(abs, figures(by_7)))})",
+       (over_7, outside_7, max(map(abs, figures(by_7)))) == (2, 1, 17))
+expect("conversation x6 colocated: ITL P50 -21 % with 12-06r, -8 % with 12-07",
+       [d["conv6-colocated-b256-42s"]["itl p50"] for d in (by_r, by_7)] == [-21, -8])
 partition = [r for r in runs if "reserve" in r]
 over_part = score(root, duet, traces, "h200-cuda-engine-2026-12-06p.toml", partition)[0]
 expect(f"12-06p misses none of the six partition runs' 24 figures (got {over_part})", over_part == 0)
