@@ -19,7 +19,7 @@ WINDOWS = ((r"conv6-.*-42s$", "conv 0 252 6"), (r"conv5-.*-42s$", "conv 0 210 5"
            (r"conv3-.*-42s$", "conv 0 126 3"), (r"conv3-", "conv 0 180 3"),
            (r"conv25-.*-42s$", "conv 0 105 2.5"),
            (r"conv3long-", "conv 0 540 3"), (r"conv-1p1d$", "conv 0 180 6"), (r"conv-", "conv 0 180 3"),
-           (r"mc025-", "mooncake 0 14 0.25"),
+           (r"mc025-63s-", "mooncake 63 14 0.25"), (r"mc025-", "mooncake 0 14 0.25"),
            (r"code1-.*-42s$", "code 0 42 1"), (r"code1-", "code 180 60 1"), (r"code07-", "code 180 60 0.7"), (r"code05-", "code 180 60 0.5"), (r"code-1p1d$", "code 180 60 1.4"), (r"code-", "code 180 60 0.7"))
 
 
