@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <deque>
 #include <limits>
+#include <numeric>
 #include <memory>
 #include <stdexcept>
 #include <unordered_map>
@@ -70,12 +71,17 @@ std::optional<step_policy> step_policy_from_string(std::string_view text) {
 std::vector<double> processor_sharing_departures(std::span<const double> arrivals,
                                                  std::span<const double> work) {
   const size_t n = arrivals.size();
+  std::vector<size_t> order(n);  // jobs by arrival
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return arrivals[a] < arrivals[b]; });
   std::vector<double> out(n, 0.0);
   std::vector<std::pair<size_t, double>> in;  // (job, work left)
   double now = 0.0;
-  size_t next = 0;
+  size_t next = 0;  // in `order`
   while (next < n || !in.empty()) {
-    const double arrival = next < n ? arrivals[next] : std::numeric_limits<double>::infinity();
+    const double arrival =
+        next < n ? arrivals[order[next]] : std::numeric_limits<double>::infinity();
     double least = std::numeric_limits<double>::infinity();
     for (const auto& [job, left] : in) least = std::min(least, left);
     const double shares = static_cast<double>(in.size());
@@ -83,11 +89,11 @@ std::vector<double> processor_sharing_departures(std::span<const double> arrival
     if (arrival <= finish) {  // the next job comes in (or leaves at once, with no work)
       for (auto& [job, left] : in) left -= (arrival - now) / shares;
       now = arrival;
-      if (work[next] > 0)
-        in.emplace_back(next, work[next]);
+      const size_t job = order[next++];
+      if (work[job] > 0)
+        in.emplace_back(job, work[job]);
       else
-        out[next] = arrival;
-      ++next;
+        out[job] = arrival;
       continue;
     }
     now = finish;

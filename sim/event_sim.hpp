@@ -177,7 +177,7 @@ struct sim_result {
                                         const sim_options& options = {});
 
 /// When each job leaves a processor-sharing server that does one second of work per second,
-/// split evenly among the jobs in it: job i arrives at arrivals[i] (ascending) with work[i]
+/// split evenly among the jobs in it: job i arrives at arrivals[i] (in any order) with work[i]
 /// seconds to do. A job of no work leaves as it arrives. Jobs arriving together with
 /// different work leave shortest first.
 [[nodiscard]] std::vector<double> processor_sharing_departures(std::span<const double> arrivals,

@@ -1877,6 +1877,9 @@ TEST_CASE("the front end shares its per-token work among the requests in it at o
   // A job of no work leaves as it comes; one arriving to an empty server takes its work.
   CHECK(processor_sharing_departures(vector<double>{0, 0.5, 5}, vector<double>{1, 0, 1}) ==
         vector<double>{1, 0.5, 6});
+  // Arrivals out of order are taken in time order.
+  CHECK(processor_sharing_departures(vector<double>{5, 0, 0}, vector<double>{1, 1, 2}) ==
+        vector<double>{6, 2, 3});
 
   // A long prompt and a short one arrive together, the long one first in the trace: with the
   // front end's work per token the short one reaches the router first, after twice its share.
