@@ -8,8 +8,8 @@
 #include <cstdio>
 #include <deque>
 #include <limits>
-#include <numeric>
 #include <memory>
+#include <numeric>
 #include <stdexcept>
 #include <unordered_map>
 
