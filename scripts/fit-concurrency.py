@@ -19,6 +19,12 @@ per cent, and near a prefill-bound load TTFT moves many times as much).
 Each --grid gives one key and its candidate values (TOML values, separated by ",,"; a value
 "-" leaves the key out); the points are their product. Prints one row per point, best first,
 and with --detail the runs of the best point.
+
+--leave-one-out asks how far the fit carries to a run it has not seen: for each run in turn the
+point that scores best on the other runs is picked, and the held-out run's figures at that point
+are kept. Their misses, against the in-sample best point's on the same runs, estimate what a
+prediction made before a run misses by. Runs of one deployment repeated (names ending -rep-...)
+still leak into each other's fits.
 """
 import argparse
 import concurrent.futures
@@ -68,6 +74,45 @@ def simulate(duet, traces, run, cal_file, out_dir, spread=0.0):
     return str(run.relative_to(ROOT) if run.is_absolute() else run), (misses, outside)
 
 
+def score(runs, names, score_steps):
+    """Misses over 15 %, worst and RMS of the figures (and with score_steps the steps) of runs."""
+    figures = [m for r in names for k, m in runs[r].items() if not k.endswith("step")]
+    steps = [abs(m) for r in names for k, m in runs[r].items() if k.endswith("step")]
+    scored = figures + (steps if score_steps else [])
+    rms = (sum(m * m for m in scored) / len(scored)) ** 0.5
+    return sum(abs(m) > 0.15 for m in figures), max(abs(m) for m in figures), rms
+
+
+def leave_one_out(rows, score_steps):
+    """Each run scored at the point that fits the other runs best (rows as main() keeps them)."""
+    names = list(rows[0][3])
+    held, moved = {}, 0
+    print()
+    print("| held-out run | point fitted on the others | ttft p50 | ttft p99 | itl p50 | itl p99 |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for run in names:
+        others = [r for r in names if r != run]
+
+        def fit_on_others(row):
+            over, _, rms = score(row[3], others, score_steps)
+            return over, rms
+
+        picked = min(rows, key=fit_on_others)
+        keys, runs = picked[2], picked[3]
+        held[run] = runs[run]
+        moved += picked is not rows[0]
+        shown = ("the in-sample best" if picked is rows[0]
+                 else "; ".join(f"{k} = {v}" for k, v in keys.items()) or "base")
+        print(f"| {run} | {shown} | " + " | ".join(f"{runs[run][f'{k[:-2]} {q}'] * 100:+.0f} %"
+                                                 for k, q in FIGURES) + " |")
+    over, worst, rms = score(held, names, score_steps)
+    over_in, worst_in, rms_in = score(rows[0][3], names, score_steps)
+    print()
+    print(f"held out: {over} of {len(names) * 4} figures over 15 %, worst {worst * 100:.0f} %, RMS {rms * 100:.1f} %"
+          f" (the in-sample best point: {over_in}, {worst_in * 100:.0f} %, {rms_in * 100:.1f} %);"
+          f" {moved} of {len(names)} runs left out moved the fit")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", required=True)
@@ -79,6 +124,8 @@ def main():
     ap.add_argument("--detail", action="store_true", help="print every run of the best point")
     ap.add_argument("--score-steps", action="store_true",
                     help="the RMS also counts the mean prefill and decode step of every run")
+    ap.add_argument("--leave-one-out", action="store_true",
+                    help="score each run at the point fitted on the other runs")
     ap.add_argument("--speed-spread", type=float, default=0.0, metavar="F",
                     help="also count the misses over 15 %% whose live figure is outside the "
                          "simulated range with the engine F slower and faster (duet sim --speed-spread)")
@@ -95,14 +142,10 @@ def main():
                                 args.speed_spread) for r in args.runs]
             results = dict(f.result() for f in jobs)
             runs = {r: m for r, (m, _) in results.items()}
-            figures = [m for r in runs.values() for k, m in r.items() if not k.endswith("step")]
-            worst = max(abs(m) for m in figures)
-            over = sum(abs(m) > 0.15 for m in figures)
+            over, worst, rms = score(runs, runs, args.score_steps)
             over_band = sum(abs(runs[r][k]) > 0.15 and out for r, (_, o) in results.items()
                             for k, out in o.items())
             steps = [abs(m) for r in runs.values() for k, m in r.items() if k.endswith("step")]
-            scored = figures + (steps if args.score_steps else [])
-            rms = (sum(m * m for m in scored) / len(scored)) ** 0.5
             rows.append((over, worst, keys, runs, max(steps, default=0), rms, over_band))
             if sys.stderr.isatty():
                 print(f"\rpoint {i + 1}", end="", file=sys.stderr, flush=True)
@@ -124,6 +167,8 @@ def main():
         print("| --- |" + " --- |" * len(names))
         for run, misses in runs.items():
             print(f"| {run} | " + " | ".join(f"{misses.get(n, float('nan')) * 100:+.0f} %" for n in names) + " |")
+    if args.leave_one_out:
+        leave_one_out(rows, args.score_steps)
 
 
 if __name__ == "__main__":
