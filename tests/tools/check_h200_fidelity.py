@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The H200 serving-fidelity figures docs/benchmarks.md states for the engine without the
 prompt-length stall ("The H200 on the fixed engine"), recomputed by scripts/fit-concurrency.py
-from the 19 stored live runs of docs/data/h200-serve-fixed-2026-12-06 and today's simulator. A
+from the 19 stored live runs of docs/data/h200-serve-fixed-2026-12-06 and today's simulator, and
+the eight runs predicted before they ran (docs/data/h200-serve-2026-12-06q/predictions.md). A
 change to the cost model or to the H200 calibrations that moves them fails here. Needs the Azure
 traces in ../shared/traces; without them it exits 77 (skipped).
 
@@ -74,4 +75,16 @@ held_p = score(root, duet, traces, "h200-cuda-engine-2026-12-06p.toml", later)[0
 held_m = score(root, duet, traces, "h200-cuda-engine-2026-12-06m.toml", later)[0]
 expect(f"on the later conversation x5 PD-streams runs 12-06p misses 1 of 12, 12-06m 2 (got {held_p}, {held_m})",
        (held_p, held_m) == (1, 2))
+# The eight runs predicted before they ran (conversation x4.5, code x1 over its prefill-bound
+# seconds 180-240), no calibration fitted on them.
+predicted = sorted(str(p.with_suffix("")) for p in (root / "docs/data/h200-serve-2026-12-06q").glob("*.toml"))
+expect(f"8 predicted H200 runs (got {len(predicted)})", len(predicted) == 8)
+over_p8, outside_p8, _ = score(root, duet, traces, "h200-cuda-engine-2026-12-06p.toml", predicted)
+over_78, outside_78, by_78 = score(root, duet, traces, "h200-cuda-engine-2026-12-07.toml", predicted)
+expect(f"on them 12-06p misses 8 of 32 (7 outside the band), 12-07 11 (10), worst 50 % "
+       f"(got {over_p8} ({outside_p8}), {over_78} ({outside_78}), {max(map(abs, figures(by_78)))})",
+       (over_p8, outside_p8, over_78, outside_78, max(map(abs, figures(by_78)))) == (8, 7, 11, 10, 50))
+code_streams = by_78["code1-pd-streams-b256-c1024-fd"]
+expect(f"12-07's worst: code x1 on PD streams, ITL P50 / P99 +21 / +50 % (got {code_streams['itl p50']} / {code_streams['itl p99']})",
+       (code_streams["itl p50"], code_streams["itl p99"]) == (21, 50))
 finish()
