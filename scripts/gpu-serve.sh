@@ -157,6 +157,10 @@ deploy() {  # deploy FILE SLOT KIND[+bN][+cN][+fd]: the deployment TOML of one r
     esac
   done
   [[ $dbatch =~ ^[0-9]+$ && $chunk =~ ^[0-9]+$ ]] || { echo "bad decode batch or chunk in $3"; return 1; }
+  # A run named -cN- must run N-token chunks: runs named c1024 once ran 2,048 (docs/benchmarks.md, erratum).
+  if [[ $(basename "$file") =~ -c([0-9]+)(-|\.) && ${BASH_REMATCH[1]} != "$chunk" ]]; then
+    echo "run $(basename "$file" .toml) is named for ${BASH_REMATCH[1]}-token chunks but $3 gives $chunk"; return 1
+  fi
   case $kind in
     colocated) pre='stream = "shared"'; dec='stream = "shared"' ;;
     streams) ;;
