@@ -13,7 +13,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from expectations import expect, finish  # noqa: E402
-from fidelity import arguments, score  # noqa: E402
+from fidelity import arguments, leave_one_out, score  # noqa: E402
 
 root, duet, traces = arguments()
 folder = root / "docs/data/h200-serve-fixed-2026-12-06"
@@ -87,6 +87,12 @@ expect(f"on them 12-06p misses 8 of 32 (7 outside the band), 12-07 11 (10), wors
 code_streams = by_78["code1-pd-streams-b256-c1024-fd"]
 expect(f"12-07's worst: code x1 on PD streams, ITL P50 / P99 +21 / +50 % (got {code_streams['itl p50']} / {code_streams['itl p99']})",
        (code_streams["itl p50"], code_streams["itl p99"]) == (21, 50))
+# Leave-one-out over a small grid of the 19 runs: no run's absence moves the fit, so the held-out
+# score is the in-sample one, which the eight later runs did not bear out (11 of 32 above).
+held = leave_one_out(root, duet, traces, "h200-cuda-engine-2026-12-07.toml", runs,
+                     ["concurrent_decode_delay_s=0.022,,0.026,,0.030"])
+expect(f"leave-one-out on the 19 runs: 2 held-out misses, worst 17 %, in sample 2, no fold moved (got {held})",
+       held == (2, 17, 2, 0))
 # 12-07b: 12-07 without concurrent_decode_tile_keys (chosen after those eight runs). The 19 fitted
 # runs score as with 12-07; on the eight the worst miss halves.
 over_b19, outside_b19, _ = score(root, duet, traces, "h200-cuda-engine-2026-12-07b.toml", runs)

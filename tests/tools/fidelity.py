@@ -33,3 +33,18 @@ def score(root, duet, traces, calibration, run_list):
             cells = [int(c.strip().split()[0]) for c in m.group(3).split("|")]
             detail[m.group(2)] = dict(zip(("ttft p50", "ttft p99", "itl p50", "itl p99", "prefill", "decode"), cells))
     return int(base.group(1)), int(base.group(2)), detail
+
+
+def leave_one_out(root, duet, traces, calibration, run_list, grids):
+    """scripts/fit-concurrency.py --leave-one-out's closing line as numbers: (held-out misses over
+    15 %, worst %, in-sample best point's misses, runs whose absence moved the fit)."""
+    grid_args = [a for g in grids for a in ("--grid", g)]
+    out = subprocess.run([sys.executable, str(root / "scripts/fit-concurrency.py"), "--base",
+                          str(root / "config/calibration-duet" / calibration), "--score-steps",
+                          "--duet", duet, "--traces", str(traces), "--leave-one-out", *grid_args,
+                          "--runs", *run_list], capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise SystemExit(f"fit-concurrency.py failed: {out.stderr[-400:]}")
+    m = re.search(r"^held out: (\d+) of \d+ figures over 15 %, worst (\d+) %.*in-sample best point: (\d+),"
+                  r".*; (\d+) of \d+ runs left out moved the fit$", out.stdout, re.M)
+    return tuple(int(g) for g in m.groups())
