@@ -15,12 +15,25 @@ engine call's wall time; simulated: its modelled time), sequences, tokens, conte
       sim` with the run's calibration); then by band of tokens: live / alone (what the other
       engine on the GPU added) and alone / priced (the cost model), and, with --sim, the
       simulated run's steps (virtual wall and modelled time) beside the live ones.
+  compare-steps.py beside RUN --calibration CAL [--duet BIN] [--traces DIR]
+      A stored serving run's decode steps (RUN.steps.*decode*.csv.gz, after RUN.replay-start-ms)
+      by rows, alone and beside a prefill step (one ran for more than half the decode step's
+      wall), live (engine time) and simulated with CAL on the run's deployment and window (wall:
+      the simulator's delays beside prefill are in it); the delay is beside minus alone.
 """
 import argparse
+import bisect
 import csv
+import gzip
 import json
+import os
+import pathlib
 import statistics
+import subprocess
 import sys
+import tempfile
+
+import serve_runs
 
 BANDS = ((1, 256), (257, 512), (513, 1024), (1025, 2048), (2049, 1 << 30))
 
@@ -28,11 +41,12 @@ BANDS = ((1, 256), (257, 512), (513, 1024), (1025, 2048), (2049, 1 << 30))
 def steps(files, role, after_ms):
     out = []
     for f in files:
-        with open(f, newline="") as fh:
+        with (gzip.open if str(f).endswith(".gz") else open)(f, "rt", newline="") as fh:
             for row in csv.DictReader(fh):
                 if row["role"] != role or int(row["begin_ms"]) < after_ms:
                     continue
-                out.append({"wall_ms": int(row["end_ms"]) - int(row["begin_ms"]),
+                out.append({"begin_ms": int(row["begin_ms"]), "end_ms": int(row["end_ms"]),
+                            "wall_ms": int(row["end_ms"]) - int(row["begin_ms"]),
                             "engine_ms": int(row["engine_us"]) / 1e3, "tokens": int(row["tokens"]),
                             "sequences": int(row["sequences"]), "context": int(row["context"]),
                             "mix": row["mix"]})
@@ -107,6 +121,65 @@ def report(args):
               f"{len(sim)} | {mean([s['wall_ms'] for s in sim]):.1f} | {mean([s['engine_ms'] for s in sim]):.1f} |")
 
 
+ROW_BANDS = ((1, 1), (2, 3), (4, 8), (9, 32), (33, 96), (97, 160), (161, 256))
+
+
+def by_neighbour(decode, prefill, value):
+    """{(row band, beside): [value(step)]}: beside when prefill steps overlap more than half the
+    decode step's wall."""
+    prefill = sorted(prefill, key=lambda p: p["begin_ms"])
+    starts = [p["begin_ms"] for p in prefill]
+    out = {}
+    for d in decode:
+        i = bisect.bisect_right(starts, d["end_ms"]) - 1
+        overlap = 0
+        for p in prefill[max(0, i - 4):i + 1]:
+            overlap += max(0, min(d["end_ms"], p["end_ms"]) - max(d["begin_ms"], p["begin_ms"]))
+        band = next((b for b in ROW_BANDS if b[0] <= d["sequences"] <= b[1]), None)
+        if band:
+            out.setdefault((band, 2 * overlap > max(d["wall_ms"], 1)), []).append(value(d))
+    return out
+
+
+def simulate(run, calibration, duet, traces, folder):
+    """The run's deployment and window through `duet sim` with step logs; their files."""
+    trace, start, duration, rate = serve_runs.window(run.name)
+    trace = serve_runs.trace_file(trace)
+    bucket, prefill_thread, decode_thread = (str(f(run)) for f in (
+        serve_runs.bucket_step, serve_runs.prefill_thread, serve_runs.decode_thread))
+    env = dict(os.environ, DUET_STEP_LOG=f"{folder}/s", DUET_DECODE_BUCKET_STEP=bucket,
+               DUET_PREFILL_THREAD=prefill_thread, DUET_DECODE_THREAD=decode_thread)
+    subprocess.run([duet, "sim", "--config", f"{run}.toml", "--trace", f"{traces}/{trace}", "--start", start,
+                    "--duration", duration, "--rate-scale", rate, "--slo", "ttft=2s,tpot=50ms",
+                    "--calibration", calibration, "--out", f"{folder}/out"],
+                   env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=900)
+    return sorted(pathlib.Path(folder).glob("s.*decode*.csv")), sorted(pathlib.Path(folder).glob("s.*prefill*.csv"))
+
+
+def beside(args):
+    run = pathlib.Path(args.run)
+    after = int(run.with_name(run.name + ".replay-start-ms").read_text())
+    live_d = sorted(run.parent.glob(run.name + ".steps.*decode*.csv*"))
+    live_p = sorted(run.parent.glob(run.name + ".steps.*prefill*.csv*"))
+    if not live_d:
+        sys.exit(f"compare-steps.py: {run} has no decode step log")
+    live = by_neighbour(steps(live_d, "decode", after), steps(live_p, "prefill", after - 1000),
+                        lambda d: d["engine_ms"])
+    with tempfile.TemporaryDirectory() as folder:
+        sim_d, sim_p = simulate(run, args.calibration, args.duet, args.traces, folder)
+        sim = by_neighbour(steps(sim_d, "decode", 0), steps(sim_p, "prefill", 0), lambda d: d["wall_ms"])
+    print("| rows | live steps alone / beside | live ms alone / beside | live delay | sim steps alone / beside | sim ms alone / beside | sim delay |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for b in ROW_BANDS:
+        cells = []
+        for side in (live, sim):
+            alone, near = side.get((b, False), []), side.get((b, True), [])
+            cells += [f"{len(alone)} / {len(near)}", f"{mean(alone):.1f} / {mean(near):.1f}",
+                      f"{mean(near) - mean(alone):.1f}"]
+        if any(side.get((b, True)) for side in (live, sim)):
+            print(f"| {b[0]}-{b[1]} | " + " | ".join(cells) + " |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -120,8 +193,16 @@ def main():
     r.add_argument("--measured", required=True)
     r.add_argument("--priced", required=True)
     r.add_argument("--sim", nargs="*")
+    root = pathlib.Path(__file__).resolve().parent.parent
+    b = sub.add_parser("beside")
+    b.add_argument("run", help="a stored serving run, without .toml")
+    b.add_argument("--calibration", required=True)
+    b.add_argument("--duet", default=os.environ.get("DUET_BIN", str(root / "build/duet")))
+    b.add_argument("--traces", default=os.environ.get("DUET_TRACES", str(root.parent / "shared/traces")))
     args = ap.parse_args()
-    if args.command == "sample":
+    if args.command == "beside":
+        beside(args)
+    elif args.command == "sample":
         prefill = steps(args.steps, "prefill", args.after)
         if not prefill:
             sys.exit("compare-steps.py: no prefill steps in the logs")
