@@ -335,4 +335,24 @@ over_a7, outside_a7, _ = score("h100-cuda-engine-2026-12-07.toml", azure)
 over_ao, outside_ao, _ = score("h100-cuda-engine-2026-12-06o.toml", azure)
 expect(f"on the 16 Azure runs of the fixed engine 12-06o misses 9 (6 outside the band), 12-07 10 (9) "
        f"(got {over_ao} ({outside_ao}), {over_a7} ({outside_a7}))", (over_ao, outside_ao, over_a7, outside_a7) == (9, 6, 10, 9))
+# Two windows no H100 calibration was fitted on (2026-12-07, later), each with repeats: Mooncake
+# seconds 63-77 (12-07 predicted it the day before, 12-07c was added before the runs) and
+# conversation seconds 300-489 at x4.5 (12-07c printed beside each run as it ended).
+mc63 = runs("h100-serve-mooncake-63s-2026-12-07", reps=True)
+conv300 = runs("h100-serve-conv45s300-2026-12-07", reps=True)
+expect(f"six runs on each window (got {len(mc63)}, {len(conv300)})", (len(mc63), len(conv300)) == (6, 6))
+over_63 = [score(f"h100-cuda-engine-2026-12-{c}.toml", mc63)[0] for c in ("07", "07c", "07d")]
+expect(f"Mooncake s63: 12-07 misses 2 of 24, 12-07c 4 (its partition curve), 12-07d 2 (got {over_63})",
+       over_63 == [2, 4, 2])
+over_300, outside_300, at_300 = score("h100-cuda-engine-2026-12-07c.toml", conv300)
+expect(f"conversation s300: 12-07c misses 10 of 24, all outside the speed band (got {over_300}, {outside_300})",
+       (over_300, outside_300) == (10, 10))
+streams = at_300["conv45s300-pd-streams-b256-c1024-fd-42s"]
+expect(f"there PD streams with 1,024-token chunks is within 3 % on all four figures (got {streams})",
+       all(abs(streams[k]) <= 3 for k in ("ttft p50", "ttft p99", "itl p50", "itl p99")))
+colocated = [at_300[r]["ttft p50"] for r in ("conv45s300-colocated-b256-42s", "conv45s300-colocated-b256-rep-42s")]
+expect(f"and colocated TTFT P50 +85 / +64 % on the run and its repeat (got {colocated})", colocated == [85, 64])
+every = runs("h100-serve-fixed-2026-12-06", "h100-serve-mooncake-2026-12-07", reps=True) + mc63 + conv300
+over_all = [score(f"h100-cuda-engine-2026-12-{c}.toml", every)[0] for c in ("07", "07c", "07d")]
+expect(f"all 31 H100 runs: 12-07 22 misses of 124, 12-07c 22, 12-07d 21 (got {over_all})", over_all == [22, 22, 21])
 finish()
