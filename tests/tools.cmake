@@ -23,3 +23,7 @@ duet_script_check(h100_fidelity check_h100_fidelity.py 600 ${PROJECT_SOURCE_DIR}
 
 # The same for the H200's runs of the engine without the prompt-length stall.
 duet_script_check(h200_fidelity check_h200_fidelity.py 600 ${PROJECT_SOURCE_DIR} $<TARGET_FILE:duet>)
+
+# scripts/compare-steps.py beside: its live cells against a plain reading of the step logs, and
+# the one-row decode step's wait beside prefill as docs/sim.md gives it (skipped without traces).
+duet_script_check(compare_steps_beside check_compare_steps_beside.py 300 ${PROJECT_SOURCE_DIR} $<TARGET_FILE:duet>)
