@@ -93,23 +93,29 @@ held = leave_one_out(root, duet, traces, "h200-cuda-engine-2026-12-07.toml", run
                      ["concurrent_decode_delay_s=0.022,,0.026,,0.030"])
 expect(f"leave-one-out on the 19 runs: 2 held-out misses, worst 17 %, in sample 2, no fold moved (got {held})",
        held == (2, 17, 2, 0))
+
+
+def on_both(calibration):
+    """(misses on the 19 fitted runs, of them outside the band, the same on the eight predicted
+    runs, the eight's worst miss, the eight's misses by run)."""
+    over19, outside19, _ = score(root, duet, traces, calibration, runs)
+    over8, outside8, by8 = score(root, duet, traces, calibration, predicted)
+    return (over19, outside19, over8, outside8, max(map(abs, figures(by8)))), by8
+
+
 # 12-07b: 12-07 without concurrent_decode_tile_keys (chosen after those eight runs). The 19 fitted
 # runs score as with 12-07; on the eight the worst miss halves.
-over_b19, outside_b19, _ = score(root, duet, traces, "h200-cuda-engine-2026-12-07b.toml", runs)
-over_b8, outside_b8, by_b8 = score(root, duet, traces, "h200-cuda-engine-2026-12-07b.toml", predicted)
-expect(f"12-07b: the 19 runs 2 misses (1 outside the band), the eight 11 (9), worst 27 % "
-       f"(got {over_b19} ({outside_b19}), {over_b8} ({outside_b8}), {max(map(abs, figures(by_b8)))})",
-       (over_b19, outside_b19, over_b8, outside_b8, max(map(abs, figures(by_b8)))) == (2, 1, 11, 9, 27))
+got_b, by_b8 = on_both("h200-cuda-engine-2026-12-07b.toml")
+expect(f"12-07b: the 19 runs 2 misses (1 outside the band), the eight 11 (9), worst 27 % (got {got_b})",
+       got_b == (2, 1, 11, 9, 27))
 expect("code x1 on PD streams, ITL P99: +50 % with 12-07, +18 % with 12-07b",
        by_b8["code1-pd-streams-b256-c1024-fd"]["itl p99"] == 18)
 # 12-07c: the decode delay beside prefill re-shaped by rows from the step logs (one-row steps, the
 # batch-1 megakernel, wait less; on streams 2-32 rows flat; on a partition full only from 64 rows).
 # The 19 runs keep their score; on the eight the misses fall from 11 to 5.
-over_c19, outside_c19, _ = score(root, duet, traces, "h200-cuda-engine-2026-12-07c.toml", runs)
-over_c8, outside_c8, by_c8 = score(root, duet, traces, "h200-cuda-engine-2026-12-07c.toml", predicted)
-expect(f"12-07c: the 19 runs 2 misses (1 outside the band), the eight 5 (4), worst 22 % "
-       f"(got {over_c19} ({outside_c19}), {over_c8} ({outside_c8}), {max(map(abs, figures(by_c8)))})",
-       (over_c19, outside_c19, over_c8, outside_c8, max(map(abs, figures(by_c8)))) == (2, 1, 5, 4, 22))
+got_c, by_c8 = on_both("h200-cuda-engine-2026-12-07c.toml")
+expect(f"12-07c: the 19 runs 2 misses (1 outside the band), the eight 5 (4), worst 22 % (got {got_c})",
+       got_c == (2, 1, 5, 4, 22))
 reserve85 = by_c8["code1-pd-reserve85-b256-c1024-fd"]
 expect(f"code x1 at 0.85: ITL P50 / P99 within 15 % with 12-07c (+18 / +27 % with 12-07b; got "
        f"{reserve85['itl p50']} / {reserve85['itl p99']})",
