@@ -20,6 +20,10 @@ engine call's wall time; simulated: its modelled time), sequences, tokens, conte
       by rows, alone and beside a prefill step (one ran for more than half the decode step's
       wall), live (engine time) and simulated with CAL on the run's deployment and window (wall:
       the simulator's delays beside prefill are in it); the delay is beside minus alone.
+  compare-steps.py prefill-loss RUN... --calibration CAL [--model PRESET] [--duet BIN]
+      What the live prefill steps of stored runs lost beside decode: each step's engine time
+      minus its mix priced alone (`duet bench engine --engine sim`), fitted by least squares to
+      the decode time overlapping it (d), the decode steps overlapping it (n) and d x their rows.
 """
 import argparse
 import bisect
@@ -180,6 +184,54 @@ def beside(args):
             print(f"| {b[0]}-{b[1]} | " + " | ".join(cells) + " |")
 
 
+def least_squares(rows, targets):
+    """Coefficients c minimising |rows c - targets| (normal equations; a few columns)."""
+    k = len(rows[0])
+    m = [[sum(r[a] * r[b] for r in rows) for b in range(k)] + [sum(r[a] * t for r, t in zip(rows, targets))]
+         for a in range(k)]
+    for c in range(k):
+        for other in range(k):
+            if other != c:
+                f = m[other][c] / m[c][c]
+                m[other] = [x - f * y for x, y in zip(m[other], m[c])]
+    return [m[c][k] / m[c][c] for c in range(k)]
+
+
+def prefill_loss(args):
+    samples = []  # (loss ms, overlapping decode ms, overlapping decode steps, decode ms x rows / 1000)
+    for name in args.runs:
+        run = pathlib.Path(name)
+        after = int(run.with_name(run.name + ".replay-start-ms").read_text())
+        prefill = steps(sorted(run.parent.glob(run.name + ".steps.*prefill*.csv*")), "prefill", after)
+        decode = steps(sorted(run.parent.glob(run.name + ".steps.*decode*.csv*")), "decode", after - 2000)
+        with tempfile.TemporaryDirectory() as folder:
+            out = pathlib.Path(folder) / "priced.json"
+            subprocess.run([args.duet, "bench", "engine", "--engine", "sim", "--model", args.model,
+                            "--calibration", args.calibration, "--prefill-mix", ",".join(sorted({p["mix"] for p in prefill})),
+                            "--repeats", "1", "--json", str(out)], check=True, stdout=subprocess.DEVNULL)
+            priced = {r["mix"]: r["ms_median"] for r in json.loads(out.read_text())["rows"]}
+        starts = [d["begin_ms"] for d in decode]
+        for p in prefill:
+            begin, end = p["begin_ms"], p["begin_ms"] + p["engine_ms"]
+            overlap = count = row_ms = 0.0
+            for d in decode[max(0, bisect.bisect_left(starts, begin - 1000)):bisect.bisect_right(starts, end)]:
+                o = max(0.0, min(end, d["begin_ms"] + d["engine_ms"]) - max(begin, d["begin_ms"]))
+                if o > 0:
+                    overlap, count, row_ms = overlap + o, count + 1, row_ms + o * d["sequences"] / 1000
+            samples.append((p["engine_ms"] - priced[p["mix"]], overlap, count, row_ms))
+    loss = [s[0] for s in samples]
+    average = mean(loss)
+    print(f"{len(samples)} prefill steps; loss beside decode {average:.2f} ms on average, "
+          f"standard deviation {statistics.pstdev(loss):.2f}")
+    print("| fitted to | coefficients | RMS ms |")
+    print("| --- | --- | --- |")
+    for columns, label in (((1,), "d"), ((2,), "n"), ((1, 2), "d, n"), ((1, 3), "d, d x rows"), ((1, 2, 3), "d, n, d x rows")):
+        rows = [[s[c] for c in columns] for s in samples]
+        coef = least_squares(rows, loss)
+        rms = (mean([(t - sum(a * b for a, b in zip(r, coef))) ** 2 for r, t in zip(rows, loss)])) ** 0.5
+        print(f"| {label} | {', '.join(f'{c:.4g}' for c in coef)} | {rms:.2f} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -199,8 +251,15 @@ def main():
     b.add_argument("--calibration", required=True)
     b.add_argument("--duet", default=os.environ.get("DUET_BIN", str(root / "build/duet")))
     b.add_argument("--traces", default=os.environ.get("DUET_TRACES", str(root.parent / "shared/traces")))
+    pl = sub.add_parser("prefill-loss")
+    pl.add_argument("runs", nargs="+", help="stored serving runs, without .toml")
+    pl.add_argument("--calibration", required=True)
+    pl.add_argument("--model", default="r1-distill-llama-8b", help="model preset the runs served")
+    pl.add_argument("--duet", default=os.environ.get("DUET_BIN", str(root / "build/duet")))
     args = ap.parse_args()
-    if args.command == "beside":
+    if args.command == "prefill-loss":
+        prefill_loss(args)
+    elif args.command == "beside":
         beside(args)
     elif args.command == "sample":
         prefill = steps(args.steps, "prefill", args.after)

@@ -73,4 +73,16 @@ for run, old, new in ((h100, "h100-cuda-engine-2026-12-07.toml", "h100-cuda-engi
     expect(f"{old} prices the one-row wait over 1.5x the live one ({before['1-1'][5]} against {one} ms), "
            f"{new} within 30 % ({after['1-1'][5]})",
            before["1-1"][5] > 1.5 * one and abs(after["1-1"][5] - one) <= 0.3 * one)
+# prefill-loss: on five H100 PD-streams runs the live prefill step's loss beside decode follows the
+# decode rows overlapping it better than the decode time alone (docs/sim.md, 12-07e).
+d = root / "docs/data"
+loss_runs = [d / "h100-serve-fixed-2026-12-06" / f"{w}-pd-streams-b256-c1024-fd-42s" for w in ("conv4", "conv5")]
+loss_runs += [d / "h100-serve-fixed-2026-12-06/code1-pd-streams-b256-c1024-fd"]
+loss_runs += [d / "h100-serve-conv45s300-2026-12-07" / f"conv45s300-pd-streams-b256-c{c}-fd-42s" for c in (1024, 768)]
+out = subprocess.run([sys.executable, str(root / "scripts/compare-steps.py"), "prefill-loss", *map(str, loss_runs),
+                      "--calibration", str(calibrations / "h100-cuda-engine-2026-12-07d.toml"), "--duet", duet],
+                     capture_output=True, text=True, timeout=600)
+fits = dict(re.findall(r"^\| (d|d, d x rows) \| [^|]+ \| (\S+) \|$", out.stdout, re.M))
+expect(f"prefill-loss: 5,331 steps, RMS 3.90 ms on the decode time alone, 2.80 with its rows (got {fits}; "
+       f"{out.stderr.strip()[-200:]})", "5331 prefill steps" in out.stdout and fits == {"d": "3.90", "d, d x rows": "2.80"})
 finish()

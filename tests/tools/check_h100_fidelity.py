@@ -355,4 +355,12 @@ expect(f"and colocated TTFT P50 +85 / +64 % on the run and its repeat (got {colo
 every = runs("h100-serve-fixed-2026-12-06", "h100-serve-mooncake-2026-12-07", reps=True) + mc63 + conv300
 over_all = [score(f"h100-cuda-engine-2026-12-{c}.toml", every)[0] for c in ("07", "07c", "07d")]
 expect(f"all 31 H100 runs: 12-07 22 misses of 124, 12-07c 22, 12-07d 21 (got {over_all})", over_all == [22, 22, 21])
+# 12-07e: lone decode steps at 4 us a row (as the step logs have them) and the prefill step's loss
+# beside decode leaning on the decode step's attention (0.8): the same count, the spread halved.
+over_e, outside_e, at_e = score("h100-cuda-engine-2026-12-07e.toml", every)
+worst_e = max(abs(v) for d in at_e.values() for k, v in d.items() if k.startswith(("ttft", "itl")))
+expect(f"12-07e on all 31: 21 misses (14 outside the band), worst 64 % (got {over_e} ({outside_e}), {worst_e})",
+       (over_e, outside_e, worst_e) == (21, 14, 64))
+expect("colocated TTFT P50 on conversation s300: +85 % with 12-07c, +47 % with 12-07e",
+       at_e["conv45s300-colocated-b256-42s"]["ttft p50"] == 47)
 finish()
