@@ -203,7 +203,8 @@ def prefill_loss(args):
         run = pathlib.Path(name)
         after = int(run.with_name(run.name + ".replay-start-ms").read_text())
         prefill = steps(sorted(run.parent.glob(run.name + ".steps.*prefill*.csv*")), "prefill", after)
-        decode = steps(sorted(run.parent.glob(run.name + ".steps.*decode*.csv*")), "decode", after - 2000)
+        decode = sorted(steps(sorted(run.parent.glob(run.name + ".steps.*decode*.csv*")), "decode", after - 2000),
+                        key=lambda d: d["begin_ms"])
         with tempfile.TemporaryDirectory() as folder:
             out = pathlib.Path(folder) / "priced.json"
             subprocess.run([args.duet, "bench", "engine", "--engine", "sim", "--model", args.model,
