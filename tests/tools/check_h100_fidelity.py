@@ -382,4 +382,15 @@ expect(f"12-07e prices the seven colocated runs' prefill steps 3-4 % long (got {
 c2048 = [at_900["07e"][r] for r in at_900["07e"] if "c2048" in r]
 expect(f"and the four PD-streams runs with 2,048-token chunks' inter-token figures within 10 % (got {c2048})",
        len(c2048) == 4 and all(abs(d[k]) <= 10 for d in c2048 for k in ("itl p50", "itl p99")))
+# 12-07f: the partition's decode delay rising past 64 rows and 2,048-token prefill steps on streams
+# losing 0.95 of 1,024-token ones' share; over all 48 H100 runs of the fixed engine, in sample.
+all48 = runs("h100-serve-fixed-2026-12-06", reps=True) + [r for f in sorted(data.glob("h100-serve-*-2026-12-07"))
+                                                         for r in runs(f.name, reps=True)]
+expect(f"48 H100 runs of the fixed engine (got {len(all48)})", len(all48) == 48)
+over_48 = {c: score(f"h100-cuda-engine-2026-12-{c}.toml", all48) for c in ("07e", "07f")}
+expect(f"12-07e misses 49 of 192 (29 outside the band), 12-07f 41 (22) (got {[v[:2] for v in over_48.values()]})",
+       [v[:2] for v in over_48.values()] == [(49, 29), (41, 22)])
+p99_07 = sorted(over_48["07f"][2][r]["itl p99"] for r in over_48["07f"][2] if re.match(r"conv[0-9s]*-pd-reserve70", r))
+expect(f"with 12-07f the four conversation runs at 0.7 price ITL P99 6-14 % short (got {p99_07})",
+       len(p99_07) == 4 and all(-14 <= v <= -6 for v in p99_07))
 finish()
