@@ -385,6 +385,7 @@ expect(f"and the four PD-streams runs with 2,048-token chunks' inter-token figur
 # 12-07f: the partition's decode delay rising past 64 rows and 2,048-token prefill steps on streams
 # losing 0.95 of 1,024-token ones' share; over all 48 H100 runs of the fixed engine, in sample.
 all48 = runs("h100-serve-fixed-2026-12-06", reps=True) + [r for f in sorted(data.glob("h100-serve-*-2026-12-07"))
+                                                         if f.name != "h100-serve-conv4s900-2026-12-07"
                                                          for r in runs(f.name, reps=True)]
 expect(f"48 H100 runs of the fixed engine (got {len(all48)})", len(all48) == 48)
 over_48 = {c: score(f"h100-cuda-engine-2026-12-{c}.toml", all48) for c in ("07e", "07f")}
@@ -393,4 +394,12 @@ expect(f"12-07e misses 49 of 192 (29 outside the band), 12-07f 41 (22) (got {[v[
 p99_07 = sorted(over_48["07f"][2][r]["itl p99"] for r in over_48["07f"][2] if re.match(r"conv[0-9s]*-pd-reserve70", r))
 expect(f"with 12-07f the four conversation runs at 0.7 price ITL P99 6-14 % short (got {p99_07})",
        len(p99_07) == 4 and all(-14 <= v <= -6 for v in p99_07))
+# Its row curve out of sample: prefill on 0.7 of the SMs at x4 on seconds 900- (predicted before
+# the run): 12-07f misses 2 of 4 (TTFT +16 / +20 %), 12-07e 3, ITL P99 -11 % against -16 %.
+held = runs("h100-serve-conv4s900-2026-12-07")
+expect(f"one held-out run at x4 (got {len(held)})", len(held) == 1)
+held_f, held_e = (score(f"h100-cuda-engine-2026-12-{c}.toml", held) for c in ("07f", "07e"))
+itl99 = [next(iter(h[2].values()))["itl p99"] for h in (held_f, held_e)]
+expect(f"12-07f misses 2 of its 4 figures, 12-07e 3; ITL P99 -11 / -16 % (got {held_f[0]}, {held_e[0]}, {itl99})",
+       (held_f[0], held_e[0], itl99) == (2, 3, [-11, -16]))
 finish()
