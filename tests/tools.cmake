@@ -27,3 +27,7 @@ duet_script_check(h200_fidelity check_h200_fidelity.py 600 ${PROJECT_SOURCE_DIR}
 # scripts/compare-steps.py beside: its live cells against a plain reading of the step logs, and
 # the one-row decode step's wait beside prefill as docs/sim.md gives it (skipped without traces).
 duet_script_check(compare_steps_beside check_compare_steps_beside.py 300 ${PROJECT_SOURCE_DIR} $<TARGET_FILE:duet>)
+
+# scripts/predict-serve.py: its rows equal predictions committed before the runs, and a deployment
+# named for no trace window is refused (skipped without traces).
+duet_script_check(predict_serve check_predict_serve.py 300 ${PROJECT_SOURCE_DIR} $<TARGET_FILE:duet>)
