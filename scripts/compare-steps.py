@@ -23,7 +23,8 @@ engine call's wall time; simulated: its modelled time), sequences, tokens, conte
   compare-steps.py prefill-loss RUN... --calibration CAL [--model PRESET] [--duet BIN]
       What the live prefill steps of stored runs lost beside decode: each step's engine time
       minus its mix priced alone (`duet bench engine --engine sim`), fitted by least squares to
-      the decode time overlapping it (d), the decode steps overlapping it (n) and d x their rows.
+      the decode time overlapping it (d), the decode steps overlapping it (n) and d x their rows;
+      then what the d, d x rows fit leaves, by the step's prior context.
 """
 import argparse
 import bisect
@@ -219,7 +220,7 @@ def prefill_loss(args):
                 o = max(0.0, min(end, d["begin_ms"] + d["engine_ms"]) - max(begin, d["begin_ms"]))
                 if o > 0:
                     overlap, count, row_ms = overlap + o, count + 1, row_ms + o * d["sequences"] / 1000
-            samples.append((p["engine_ms"] - priced[p["mix"]], overlap, count, row_ms))
+            samples.append((p["engine_ms"] - priced[p["mix"]], overlap, count, row_ms, p["context"], priced[p["mix"]]))
     loss = [s[0] for s in samples]
     average = mean(loss)
     print(f"{len(samples)} prefill steps; loss beside decode {average:.2f} ms on average, "
@@ -231,6 +232,24 @@ def prefill_loss(args):
         coef = least_squares(rows, loss)
         rms = (mean([(t - sum(a * b for a, b in zip(r, coef))) ** 2 for r, t in zip(rows, loss)])) ** 0.5
         print(f"| {label} | {', '.join(f'{c:.4g}' for c in coef)} | {rms:.2f} |")
+    by_context(samples)
+
+
+# Prompt tokens already in KV before a prefill step (its longest prior context).
+CONTEXT_BANDS = ((0, 0), (1, 2047), (2048, 8191), (8192, 1 << 30))
+
+
+def by_context(samples):
+    """What the (d, d x rows) fit leaves of each step, over its price alone, by prior context: where
+    the loss beside decode is not the same for every prefill step."""
+    coef = least_squares([[s[1], s[3]] for s in samples], [s[0] for s in samples])
+    print("\n| prior context | steps | left after the d, d x rows fit, of the price alone: mean / median |")
+    print("| --- | --- | --- |")
+    for lo, hi in CONTEXT_BANDS:
+        left = [(s[0] - coef[0] * s[1] - coef[1] * s[3]) / s[5] for s in samples if lo <= s[4] <= hi and s[5] > 0]
+        if left:
+            label = f"{lo}+" if hi >= 1 << 30 else f"{lo}-{hi}"
+            print(f"| {label} | {len(left)} | {mean(left) * 100:+.1f} / {statistics.median(left) * 100:+.1f} % |")
 
 
 def main():

@@ -85,4 +85,16 @@ out = subprocess.run([sys.executable, str(root / "scripts/compare-steps.py"), "p
 fits = dict(re.findall(r"^\| (d|d, d x rows) \| [^|]+ \| (\S+) \|$", out.stdout, re.M))
 expect(f"prefill-loss: 5,331 steps, RMS 3.90 ms on the decode time alone, 2.80 with its rows (got {fits}; "
        f"{out.stderr.strip()[-200:]})", "5331 prefill steps" in out.stdout and fits == {"d": "3.90", "d, d x rows": "2.80"})
+# By prior context: after the d, d x rows fit, prefill steps with 2,048-8,191 prompt tokens already
+# in KV ran 9 % under their price alone at the median, steps of new prompts 3 % over (the same on
+# the runs of 2026-12-07; docs/sim.md, "12-07e out of sample").
+context_runs = [d / "h100-serve-fixed-2026-12-06" / r for r in ("conv4-pd-streams-b256-c1024-fd-42s",
+                "conv4-pd-streams-b256-c1024-fd-rep-42s", "conv5-pd-streams-b256-c1024-fd-42s",
+                "code1-pd-streams-b256-c1024-fd", "code07-pd-streams-b256-c1024-fd")]
+out = subprocess.run([sys.executable, str(root / "scripts/compare-steps.py"), "prefill-loss", *map(str, context_runs),
+                      "--calibration", str(calibrations / "h100-cuda-engine-2026-12-07f.toml"), "--duet", duet],
+                     capture_output=True, text=True, timeout=600)
+left = dict(re.findall(r"^\| (\d+-\d+|\d+\+) \| \d+ \| \S+ / (\S+) % \|$", out.stdout, re.M))
+expect(f"prefill-loss by context: median left +3.3 % with no prior context, -8.9 % at 2,048-8,191 (got {left})",
+       left.get("0-0") == "+3.3" and left.get("2048-8191") == "-8.9")
 finish()
