@@ -148,16 +148,9 @@ def by_neighbour(decode, prefill, value):
 
 def simulate(run, calibration, duet, traces, folder):
     """The run's deployment and window through `duet sim` with step logs; their files."""
-    trace, start, duration, rate = serve_runs.window(run.name)
-    trace = serve_runs.trace_file(trace)
-    bucket, prefill_thread, decode_thread = (str(f(run)) for f in (
-        serve_runs.bucket_step, serve_runs.prefill_thread, serve_runs.decode_thread))
-    env = dict(os.environ, DUET_STEP_LOG=f"{folder}/s", DUET_DECODE_BUCKET_STEP=bucket,
-               DUET_PREFILL_THREAD=prefill_thread, DUET_DECODE_THREAD=decode_thread)
-    subprocess.run([duet, "sim", "--config", f"{run}.toml", "--trace", f"{traces}/{trace}", "--start", start,
-                    "--duration", duration, "--rate-scale", rate, "--slo", "ttft=2s,tpot=50ms",
-                    "--calibration", calibration, "--out", f"{folder}/out"],
-                   env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=900)
+    argv, env = serve_runs.sim_command(run, duet, traces, calibration, f"{folder}/out")
+    env["DUET_STEP_LOG"] = f"{folder}/s"
+    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=900)
     return sorted(pathlib.Path(folder).glob("s.*decode*.csv")), sorted(pathlib.Path(folder).glob("s.*prefill*.csv"))
 
 

@@ -36,7 +36,7 @@ import sys
 import tempfile
 
 from calibration_grid import grid_points, with_keys
-from serve_runs import bucket_step, decode_thread, prefill_thread, trace_file, window
+from serve_runs import sim_command
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIGURES = (("ttft_s", "p50"), ("ttft_s", "p99"), ("itl_s", "p50"), ("itl_s", "p99"))
@@ -44,16 +44,9 @@ FIGURES = (("ttft_s", "p50"), ("ttft_s", "p99"), ("itl_s", "p50"), ("itl_s", "p9
 
 def simulate(duet, traces, run, cal_file, out_dir, spread=0.0):
     run = pathlib.Path(run)
-    trace, start, duration, rate = window(run.name)
     out = pathlib.Path(out_dir) / run.parent.name / run.name
-    env = dict(os.environ, DUET_PREFILL_THREAD=str(prefill_thread(run)), DUET_DECODE_THREAD=str(decode_thread(run)),
-               DUET_DECODE_BUCKET_STEP=str(bucket_step(run)))
-    subprocess.run([duet, "sim", "--config", f"{run}.toml",
-                    "--trace", f"{traces}/{trace_file(trace)}",
-                    "--start", start, "--duration", duration, "--rate-scale", rate,
-                    "--slo", "ttft=2s,tpot=50ms", "--calibration", cal_file, "--out", str(out),
-                    "--speed-spread", str(spread)],
-                   check=True, env=env, stdout=subprocess.DEVNULL)
+    argv, env = sim_command(run, duet, traces, cal_file, out, spread)
+    subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL)
     summary = json.loads((out / "summary.json").read_text())
     sim = summary["runs"][0]
     live = json.loads(run.with_suffix(".json").read_text())

@@ -36,17 +36,9 @@ def label(calibration):
 
 def simulate(toml, calibration, args, folder):
     """`duet sim` of one deployment with one calibration; its summary.json as a dict."""
-    run = toml.with_suffix("")
-    trace, start, duration, rate = serve_runs.window(run.name)
-    env = dict(os.environ, DUET_DECODE_BUCKET_STEP=str(serve_runs.bucket_step(run)),
-               DUET_PREFILL_THREAD=str(serve_runs.prefill_thread(run)),
-               DUET_DECODE_THREAD=str(serve_runs.decode_thread(run)))
     out = pathlib.Path(folder) / "out"
-    done = subprocess.run([args.duet, "sim", "--config", str(toml), "--trace",
-                           f"{args.traces}/{serve_runs.trace_file(trace)}", "--start", start,
-                           "--duration", duration, "--rate-scale", rate, "--slo", "ttft=2s,tpot=50ms",
-                           "--calibration", calibration, "--speed-spread", str(args.spread),
-                           "--out", str(out)], env=env, capture_output=True, text=True, timeout=900)
+    argv, env = serve_runs.sim_command(toml.with_suffix(""), args.duet, args.traces, calibration, out, args.spread)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         sys.exit(f"predict-serve.py: duet sim failed on {toml}: {done.stderr.strip()[-400:]}")
     return json.loads((out / "summary.json").read_text())

@@ -7,13 +7,17 @@ place that knows; scripts/resim-serve.sh, fit-concurrency.py and repeat-spread.p
      (trace file, start s, duration s, rate scale, decode bucket step, prefill thread, decode
       thread)
 """
+import os
 import pathlib
 import re
 import sys
 
 # Name patterns, the first that matches wins, and the window (trace start duration rate) of
 # each (scripts/gpu-serve.sh's runs).
-WINDOWS = ((r"conv45s300-.*-42s$", "conv 300 189 4.5"), (r"conv45s900-.*-42s$", "conv 900 189 4.5"), (r"conv5s900-.*-42s$", "conv 900 210 5"), (r"conv475s900-.*-42s$", "conv 900 200 4.75"), (r"conv4s900-.*-42s$", "conv 900 168 4"), (r"conv6-.*-42s$", "conv 0 252 6"), (r"conv5-.*-42s$", "conv 0 210 5"), (r"conv5-", "conv 0 300 5"), (r"conv45-.*-42s$", "conv 0 189 4.5"), (r"conv45-", "conv 0 240 4.5"),
+WINDOWS = ((r"conv45s300-.*-42s$", "conv 300 189 4.5"),
+           (r"conv45s900-.*-42s$", "conv 900 189 4.5"), (r"conv5s900-.*-42s$", "conv 900 210 5"),
+           (r"conv475s900-.*-42s$", "conv 900 200 4.75"), (r"conv4s900-.*-42s$", "conv 900 168 4"),
+           (r"conv6-.*-42s$", "conv 0 252 6"), (r"conv5-.*-42s$", "conv 0 210 5"), (r"conv5-", "conv 0 300 5"), (r"conv45-.*-42s$", "conv 0 189 4.5"), (r"conv45-", "conv 0 240 4.5"),
            (r"conv4-.*-42s$", "conv 0 168 4"), (r"conv4-", "conv 0 240 4"),
            (r"conv35-.*-42s$", "conv 0 147 3.5"), (r"conv35-", "conv 0 210 3.5"),
            (r"conv3-.*-42s$", "conv 0 126 3"), (r"conv3-", "conv 0 180 3"),
@@ -70,6 +74,18 @@ def decode_thread(run):
     if not found:  # h200-serve: the 11-29 runs
         return 0
     return 0 if (found.group(1), found.group(2)) <= LAST_INLINE_DECODE else 1
+
+
+def sim_command(run, duet, traces, calibration, out, spread=0.0):
+    """The `duet sim` command line and environment that replay a stored run's window on its
+    deployment file (RUN.toml) with the engine settings it ran with: (argv, env)."""
+    trace, start, duration, rate = window(run.name)
+    env = dict(os.environ, DUET_PREFILL_THREAD=str(prefill_thread(run)), DUET_DECODE_THREAD=str(decode_thread(run)),
+               DUET_DECODE_BUCKET_STEP=str(bucket_step(run)))
+    argv = [str(duet), "sim", "--config", f"{run}.toml", "--trace", f"{traces}/{trace_file(trace)}",
+            "--start", start, "--duration", duration, "--rate-scale", rate, "--slo", "ttft=2s,tpot=50ms",
+            "--calibration", str(calibration), "--speed-spread", str(spread), "--out", str(out)]
+    return argv, env
 
 
 if __name__ == "__main__":
