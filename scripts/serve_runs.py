@@ -14,9 +14,11 @@ import sys
 
 # Name patterns, the first that matches wins, and the window (trace start duration rate) of
 # each (scripts/gpu-serve.sh's runs).
-WINDOWS = ((r"conv45s300-.*-42s$", "conv 300 189 4.5"),
+WINDOWS = ((r"conv45s300-.*-42s$", "conv 300 189 4.5"), (r"conv5s300-.*-42s$", "conv 300 210 5"),
+           (r"conv525s300-.*-42s$", "conv 300 220 5.25"), (r"conv55s300-.*-42s$", "conv 300 231 5.5"), (r"conv6s300-.*-42s$", "conv 300 252 6"),
            (r"conv45s900-.*-42s$", "conv 900 189 4.5"), (r"conv5s900-.*-42s$", "conv 900 210 5"),
            (r"conv475s900-.*-42s$", "conv 900 200 4.75"), (r"conv4s900-.*-42s$", "conv 900 168 4"),
+           (r"conv525s900-.*-42s$", "conv 900 220 5.25"), (r"conv55s900-.*-42s$", "conv 900 231 5.5"), (r"conv6s900-.*-42s$", "conv 900 252 6"),
            (r"conv6-.*-42s$", "conv 0 252 6"), (r"conv5-.*-42s$", "conv 0 210 5"), (r"conv5-", "conv 0 300 5"), (r"conv45-.*-42s$", "conv 0 189 4.5"), (r"conv45-", "conv 0 240 4.5"),
            (r"conv4-.*-42s$", "conv 0 168 4"), (r"conv4-", "conv 0 240 4"),
            (r"conv35-.*-42s$", "conv 0 147 3.5"), (r"conv35-", "conv 0 210 3.5"),
