@@ -79,17 +79,23 @@ def decode_thread(run):
     return 0 if (found.group(1), found.group(2)) <= LAST_INLINE_DECODE else 1
 
 
+def sim_argv(config, trace_path, start, duration, rate, calibration, out, spread=0.0):
+    """The `duet sim` arguments (after the binary) that replay a trace window on a deployment
+    file with issue 9's SLO."""
+    return ["sim", "--config", str(config), "--trace", str(trace_path), "--start", str(start),
+            "--duration", str(duration), "--rate-scale", str(rate), "--slo", "ttft=2s,tpot=50ms",
+            "--calibration", str(calibration), "--speed-spread", str(spread), "--out", str(out)]
+
+
 def sim_command(run, duet, traces, calibration, out, spread=0.0):
     """The `duet sim` command line and environment that replay a stored run's window on its
     deployment file (RUN.toml) with the engine settings it ran with: (argv, env)."""
     trace, start, duration, rate = window(run.name)
     env = dict(os.environ, DUET_PREFILL_THREAD=str(prefill_thread(run)), DUET_DECODE_THREAD=str(decode_thread(run)),
                DUET_DECODE_BUCKET_STEP=str(bucket_step(run)))
-    argv = [str(duet), "sim", "--config", f"{run}.toml", "--trace", f"{traces}/{trace_file(trace)}",
-            "--start", start, "--duration", duration, "--rate-scale", rate, "--slo", "ttft=2s,tpot=50ms",
-            "--calibration", str(calibration), "--speed-spread", str(spread), "--out", str(out)]
+    argv = [str(duet)] + sim_argv(f"{run}.toml", f"{traces}/{trace_file(trace)}", start, duration, rate,
+                                  calibration, out, spread)
     return argv, env
-
 
 if __name__ == "__main__":
     run = pathlib.Path(sys.argv[1])

@@ -31,3 +31,7 @@ duet_script_check(compare_steps_beside check_compare_steps_beside.py 300 ${PROJE
 # scripts/predict-serve.py: its rows equal predictions committed before the runs, and a deployment
 # named for no trace window is refused (skipped without traces).
 duet_script_check(predict_serve check_predict_serve.py 300 ${PROJECT_SOURCE_DIR} $<TARGET_FILE:duet>)
+
+# scripts/scan-targets.py: its rows equal the scan committed before the loads it chose ran, with
+# verdicts, and bad arguments are refused (skipped without traces).
+duet_script_check(scan_targets check_scan_targets.py 300 ${PROJECT_SOURCE_DIR} $<TARGET_FILE:duet>)
