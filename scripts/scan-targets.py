@@ -9,6 +9,10 @@ the loads a device call replays (docs/data/*/predictions.md), never as a measure
       --pd docs/data/h100-serve-conv5s300-2026-12-07/conv4s600-pd-streams-b256-c2048-fd-42s.toml \\
       --calibration config/calibration-duet/h100-cuda-engine-2026-12-07f.toml --starts 600 --rates 3.5,4,4.25
 
+With --speed-spread F (default 0.04, the most the H100's colocated steps have been priced long on
+one day) each load also gets the ratio with colocated's engine F faster and PD's F slower: the
+goodput verdict by that ratio is the one to trust before a run.
+
 Each window replays --replay-seconds of the scaled trace (its duration in trace seconds is that
 times the rate), on today's engine (decode graphs every 32 rows, prefill and decode steps on
 threads of their own).
@@ -44,17 +48,28 @@ def simulate(args, config, start, rate):
     """The run summary of one deployment on one window: goodput, SLO share, ITL P50 and P99."""
     with tempfile.TemporaryDirectory() as folder:
         argv = [args.duet] + serve_runs.sim_argv(config, args.trace, f"{start:g}", round(args.replay_seconds * rate),
-                                                 f"{rate:g}", args.calibration, pathlib.Path(folder) / "out")
+                                                 f"{rate:g}", args.calibration, pathlib.Path(folder) / "out",
+                                                 args.speed_spread)
         done = subprocess.run(argv, env=dict(os.environ, **ENGINE_ENV), capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
             sys.exit(f"scan-targets.py: duet sim failed on {config} at {start:g} s x{rate:g}: {done.stderr.strip()[-400:]}")
-        return json.loads((pathlib.Path(folder) / "out/summary.json").read_text())["runs"][0]["summary"]
+        summary = json.loads((pathlib.Path(folder) / "out/summary.json").read_text())
+        run = summary["runs"][0]["summary"]
+        band = summary["simulation"]["runs"][0].get("speed_band")
+        if band:
+            run["goodput_faster"], run["goodput_slower"] = band["faster"]["goodput"], band["slower"]["goodput"]
+        return run
 
 
 def cell(summary):
     """'10.65 (66 %) 3.26': goodput, share within the SLO, ITL P99/P50."""
     itl = summary["itl_s"]
     return f"{summary['goodput_rps']:.2f} ({summary['slo_attainment'] * 100:.0f} %) {itl['p99'] / itl['p50']:.2f}"
+
+
+def ratio_text(pd, colocated):
+    """'1.62×' (inf where colocated serves nothing within the SLO)."""
+    return f"{pd / colocated:.2f}×" if colocated else "inf"
 
 
 def verdict(colocated, pd):
@@ -72,6 +87,8 @@ def main():
     ap.add_argument("--calibration", required=True, help="a calibration TOML")
     ap.add_argument("--starts", default="0", help="window starts in trace seconds, comma separated")
     ap.add_argument("--rates", required=True, help="rate scales, comma separated")
+    ap.add_argument("--speed-spread", type=float, default=0.04,
+                    help="colocated this much faster and PD this much slower for the worst-case ratio (0: none)")
     ap.add_argument("--replay-seconds", type=float, default=42, help="seconds of scaled replay per window")
     ap.add_argument("--trace", default=str(ROOT.parent / "shared/traces/AzureLLMInferenceTrace_conv_2023.csv"))
     ap.add_argument("--duet", default=os.environ.get("DUET_BIN", str(ROOT / "build/duet")))
@@ -87,12 +104,16 @@ def main():
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
         runs = {(s, r, kind): pool.submit(simulate, args, config, s, r)
                 for s, r in loads for kind, config in (("colocated", args.colocated), ("pd", args.pd))}
+        spread = f"{args.speed_spread * 100:g} %"
         print("| window start s | rate | colocated goodput (SLO met) ITL P99/P50 | PD goodput (SLO met) ITL P99/P50 "
-              "| PD / colocated goodput | targets |\n| --- | --- | --- | --- | --- | --- |")
+              f"| PD / colocated goodput | the same, colocated {spread} faster, PD {spread} slower | targets |\n"
+              "| --- | --- | --- | --- | --- | --- | --- |")
         for s, r in loads:
             colocated, pd = runs[(s, r, "colocated")].result(), runs[(s, r, "pd")].result()
-            share = pd["goodput_rps"] / colocated["goodput_rps"] if colocated["goodput_rps"] else float("inf")
-            print(f"| {s:g} | ×{r:g} | {cell(colocated)} | {cell(pd)} | {share:.2f}× | {verdict(colocated, pd)} |", flush=True)
+            worst = (ratio_text(pd["goodput_slower"], colocated["goodput_faster"]) if "goodput_faster" in colocated
+                     else "–")
+            print(f"| {s:g} | ×{r:g} | {cell(colocated)} | {cell(pd)} | {ratio_text(pd['goodput_rps'], colocated['goodput_rps'])} "
+                  f"| {worst} | {verdict(colocated, pd)} |", flush=True)
 
 
 if __name__ == "__main__":
