@@ -95,6 +95,8 @@ def main():
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
     starts, rates = numbers(args.starts, "starts"), numbers(args.rates, "rates")
+    if not 0 <= args.speed_spread <= 0.5:  # duet sim's range
+        sys.exit(f"scan-targets.py: --speed-spread takes 0 to 0.5, got {args.speed_spread:g}")
     for path in (args.colocated, args.pd, args.calibration):
         if pathlib.Path(path).suffix != ".toml" or not pathlib.Path(path).is_file():
             sys.exit(f"scan-targets.py: {path} is not a .toml file")

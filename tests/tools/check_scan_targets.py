@@ -47,6 +47,9 @@ expect(f"a rate that is no number is refused by name (got rc {out.returncode}: {
 out = scan("--rates", "0")
 expect(f"a zero rate is refused (got rc {out.returncode}: {out.stderr.strip()})",
        out.returncode != 0 and "positive" in out.stderr and not out.stdout)
+out = scan("--rates", "4", "--speed-spread", "-0.5")
+expect(f"a negative speed spread is refused before any simulation (got rc {out.returncode}: {out.stderr.strip()})",
+       out.returncode != 0 and "--speed-spread takes 0 to 0.5, got -0.5" in out.stderr and not out.stdout)
 out = scan("--rates", "4", colocated="no-such-deployment.toml")
 expect(f"a missing deployment file is refused by path (got rc {out.returncode}: {out.stderr.strip()})",
        out.returncode != 0 and "no-such-deployment.toml is not a .toml file" in out.stderr and not out.stdout)
