@@ -13,15 +13,9 @@ import re
 import sys
 
 # Name patterns, the first that matches wins, and the window (trace start duration rate) of
-# each (scripts/gpu-serve.sh's runs).
-WINDOWS = ((r"conv45s300-.*-42s$", "conv 300 189 4.5"), (r"conv5s300-.*-42s$", "conv 300 210 5"),
-           (r"conv525s300-.*-42s$", "conv 300 220 5.25"), (r"conv55s300-.*-42s$", "conv 300 231 5.5"), (r"conv6s300-.*-42s$", "conv 300 252 6"),
-           (r"conv45s900-.*-42s$", "conv 900 189 4.5"), (r"conv5s900-.*-42s$", "conv 900 210 5"),
-           (r"conv475s900-.*-42s$", "conv 900 200 4.75"), (r"conv4s900-.*-42s$", "conv 900 168 4"),
-           (r"conv525s900-.*-42s$", "conv 900 220 5.25"), (r"conv55s900-.*-42s$", "conv 900 231 5.5"),
-           (r"conv4s600-.*-42s$", "conv 600 168 4"),
-           (r"conv5s2100-.*-42s$", "conv 2100 210 5"), (r"conv55s2100-.*-42s$", "conv 2100 231 5.5"), (r"conv425s600-.*-42s$", "conv 600 178 4.25"), (r"conv6s900-.*-42s$", "conv 900 252 6"),
-           (r"conv6-.*-42s$", "conv 0 252 6"), (r"conv5-.*-42s$", "conv 0 210 5"), (r"conv5-", "conv 0 300 5"), (r"conv45-.*-42s$", "conv 0 189 4.5"), (r"conv45-", "conv 0 240 4.5"),
+# each (scripts/gpu-serve.sh's runs). 42-s replays of a later window are named by rate and start
+# (conv475s900-: x4.75 from second 900) and window_42s reads them.
+WINDOWS = ((r"conv6-.*-42s$", "conv 0 252 6"), (r"conv5-.*-42s$", "conv 0 210 5"), (r"conv5-", "conv 0 300 5"), (r"conv45-.*-42s$", "conv 0 189 4.5"), (r"conv45-", "conv 0 240 4.5"),
            (r"conv4-.*-42s$", "conv 0 168 4"), (r"conv4-", "conv 0 240 4"),
            (r"conv35-.*-42s$", "conv 0 147 3.5"), (r"conv35-", "conv 0 210 3.5"),
            (r"conv3-.*-42s$", "conv 0 126 3"), (r"conv3-", "conv 0 180 3"),
@@ -41,8 +35,24 @@ def trace_file(trace):
     return TRACE_FILES[trace]
 
 
+# conv<rate digits>s<start>-...-42s: the rate's first digit is its whole part (475: 4.75), and
+# the window is 42 s of replay, round(42 * rate) seconds of the trace.
+WINDOW_42S = re.compile(r"conv(\d)(\d*)s(\d+)-.*-42s$")
+
+
+def window_42s(name):
+    """The window of a run named conv<rate>s<start>-...-42s, or None."""
+    found = WINDOW_42S.match(name)
+    if not found:
+        return None
+    rate = float(f"{found.group(1)}.{found.group(2) or 0}")
+    return ["conv", found.group(3), str(round(42 * rate)), f"{rate:g}"]
+
+
 def window(name):
     """The trace, start, duration and rate scale of a run, from its name."""
+    if (w := window_42s(name)) is not None:
+        return w
     for pattern, w in WINDOWS:
         if re.match(pattern, name):
             return w.split()
@@ -97,6 +107,7 @@ def sim_command(run, duet, traces, calibration, out, spread=0.0):
     argv = [str(duet)] + sim_argv(f"{run}.toml", f"{traces}/{trace_file(trace)}", start, duration, rate,
                                   calibration, out, spread)
     return argv, env
+
 
 if __name__ == "__main__":
     run = pathlib.Path(sys.argv[1])
