@@ -4,15 +4,9 @@
 // evaluation order. Built with -ffp-contract=off (runtime/gguf.cmake) all the same.
 #include "runtime/gguf.hpp"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -609,94 +603,24 @@ uint64_t gguf_tensor_info::row_bytes() const {
 // ---- the file -------------------------------------------------------------------------------
 
 gguf_file::gguf_file(const std::filesystem::path& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    fail(path_, std::string("cannot open: ") + std::strerror(errno));
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail(path_, std::string("cannot stat: ") + std::strerror(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(path_, "not a regular file");
-  }
-  size_ = static_cast<uint64_t>(st.st_size);
-  if (size_ == 0) {
-    ::close(fd);
-    fail(path_, "empty file (0 bytes), not a GGUF file");
-  }
-  void* addr = ::mmap(nullptr, static_cast<std::size_t>(size_), PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_err = errno;
-  ::close(fd);  // the mapping keeps the file referenced
-  if (addr == MAP_FAILED) {
-    fail(path_,
-         std::string("cannot mmap ") + std::to_string(size_) + " bytes: " + std::strerror(map_err));
-  }
-  base_ = static_cast<const std::byte*>(addr);
   try {
-    parse();
-  } catch (...) {
-    unmap();
-    throw;
+    map_ = mapped_file(path);
+  } catch (const mapped_file_error& e) {
+    fail(path_, e.what());
   }
-}
-
-gguf_file::~gguf_file() {
-  unmap();
-}
-
-gguf_file::gguf_file(gguf_file&& other) noexcept
-    : path_(std::move(other.path_)),
-      base_(std::exchange(other.base_, nullptr)),
-      size_(std::exchange(other.size_, 0)),
-      version_(other.version_),
-      alignment_(other.alignment_),
-      data_offset_(other.data_offset_),
-      kv_(std::move(other.kv_)),
-      kv_index_(std::move(other.kv_index_)),
-      tensors_(std::move(other.tensors_)),
-      tensor_index_(std::move(other.tensor_index_)) {}
-
-gguf_file& gguf_file::operator=(gguf_file&& other) noexcept {
-  if (this != &other) {
-    unmap();
-    path_ = std::move(other.path_);
-    base_ = std::exchange(other.base_, nullptr);
-    size_ = std::exchange(other.size_, 0);
-    version_ = other.version_;
-    alignment_ = other.alignment_;
-    data_offset_ = other.data_offset_;
-    kv_ = std::move(other.kv_);
-    kv_index_ = std::move(other.kv_index_);
-    tensors_ = std::move(other.tensors_);
-    tensor_index_ = std::move(other.tensor_index_);
-  }
-  return *this;
-}
-
-void gguf_file::unmap() noexcept {
-  if (base_ != nullptr) {
-    ::munmap(const_cast<std::byte*>(base_), static_cast<std::size_t>(size_));
-    base_ = nullptr;
-  }
-}
-
-std::span<const std::byte> gguf_file::bytes() const {
-  return {base_, static_cast<std::size_t>(size_)};
+  if (map_.size() == 0) fail(path_, "empty file (0 bytes), not a GGUF file");
+  parse();
 }
 
 void gguf_file::parse() {
-  cursor in(path_, base_, size_);
+  cursor in(path_, map_.data(), map_.size());
 
   // Header: magic "GGUF", uint32 version, uint64 tensor count, uint64 metadata count.
   in.need(4, "header (magic)");
-  if (std::memcmp(base_, "GGUF", 4) != 0) {
+  if (std::memcmp(map_.data(), "GGUF", 4) != 0) {
     std::string seen;
     for (int i = 0; i < 4; ++i) {
-      const auto c = static_cast<unsigned char>(base_[i]);
+      const auto c = static_cast<unsigned char>(map_.data()[i]);
       seen += (c >= 0x20 && c < 0x7F) ? static_cast<char>(c) : '?';
     }
     fail(path_, "bad magic '" + seen + "': not a GGUF file (expected 'GGUF')");
@@ -717,11 +641,11 @@ void gguf_file::parse() {
   // Each metadata entry takes at least 8 + 4 + 1 bytes and each tensor info at least 8 + 4 + 4 + 8.
   if (n_kv > in.remaining() / 13) {
     fail(path_, "header: metadata count " + std::to_string(n_kv) + " is impossible for a file of " +
-                    std::to_string(size_) + " bytes");
+                    std::to_string(map_.size()) + " bytes");
   }
   if (n_tensors > in.remaining() / 24) {
     fail(path_, "header: tensor count " + std::to_string(n_tensors) +
-                    " is impossible for a file of " + std::to_string(size_) + " bytes");
+                    " is impossible for a file of " + std::to_string(map_.size()) + " bytes");
   }
 
   kv_.reserve(static_cast<std::size_t>(n_kv));
@@ -800,12 +724,12 @@ void gguf_file::parse() {
     uint64_t begin = 0;
     uint64_t stop = 0;
     if (add_overflows(data_offset_, t.offset, begin) || add_overflows(begin, t.n_bytes, stop) ||
-        stop > size_) {
+        stop > map_.size()) {
       fail(path_, "tensor " + in_quotes(t.name) + " (" + std::string(ggml_type_name(t.type)) +
                       ", shape " + shape_string(t.shape) + "): data [" +
                       std::to_string(data_offset_) + " + " + std::to_string(t.offset) + ", +" +
                       std::to_string(t.n_bytes) + " bytes) runs past the end of the file (" +
-                      std::to_string(size_) + " bytes)");
+                      std::to_string(map_.size()) + " bytes)");
     }
   }
 }
@@ -891,7 +815,7 @@ gguf_tensor gguf_file::tensor(const gguf_tensor_info& info) const {
     fail(path_, "tensor " + in_quotes(info.name) + " does not belong to this file");
   }
   return gguf_tensor{&info,
-                     std::span<const std::byte>(base_ + data_offset_ + info.offset,
+                     std::span<const std::byte>(map_.data() + data_offset_ + info.offset,
                                                 static_cast<std::size_t>(info.n_bytes)),
                      path_};
 }

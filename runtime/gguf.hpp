@@ -20,6 +20,7 @@
 #include <variant>
 #include <vector>
 
+#include "runtime/mapped_file.hpp"
 #include "runtime/tokenizer_spec.hpp"
 
 namespace duet {
@@ -185,15 +186,14 @@ class gguf_file {
   static constexpr uint32_t default_alignment = 32;
 
   explicit gguf_file(const std::filesystem::path& path);
-  ~gguf_file();
-  gguf_file(gguf_file&& other) noexcept;
-  gguf_file& operator=(gguf_file&& other) noexcept;
+  gguf_file(gguf_file&& other) noexcept = default;
+  gguf_file& operator=(gguf_file&& other) noexcept = default;
   gguf_file(const gguf_file&) = delete;
   gguf_file& operator=(const gguf_file&) = delete;
 
   [[nodiscard]] const std::filesystem::path& path() const { return path_; }
   [[nodiscard]] uint32_t version() const { return version_; }
-  [[nodiscard]] uint64_t file_size() const { return size_; }
+  [[nodiscard]] uint64_t file_size() const { return map_.size(); }
   /// `general.alignment`, or 32 when absent.
   [[nodiscard]] uint64_t alignment() const { return alignment_; }
   /// File offset of the data section (the end of the tensor infos, rounded up to alignment).
@@ -231,15 +231,13 @@ class gguf_file {
   [[nodiscard]] gguf_tensor tensor(const gguf_tensor_info& info) const;
 
   /// The whole mapped file.
-  [[nodiscard]] std::span<const std::byte> bytes() const;
+  [[nodiscard]] std::span<const std::byte> bytes() const { return map_.bytes(); }
 
  private:
   void parse();
-  void unmap() noexcept;
 
   std::filesystem::path path_;
-  const std::byte* base_ = nullptr;  // mmap of the whole file, PROT_READ
-  uint64_t size_ = 0;
+  mapped_file map_;
   uint32_t version_ = 0;
   uint64_t alignment_ = default_alignment;
   uint64_t data_offset_ = 0;

@@ -1,14 +1,8 @@
 #include "runtime/safetensors.hpp"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -186,78 +180,28 @@ std::string shape_to_string(std::span<const uint64_t> shape) {
 // ------------------------------------------------------------------------------ safetensors_file
 
 safetensors_file::safetensors_file(const std::filesystem::path& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path_, std::string("cannot open: ") + std::strerror(errno));
-  struct stat st{};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail(path_, std::string("cannot stat: ") + std::strerror(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(path_, "not a regular file");
-  }
-  size_ = static_cast<uint64_t>(st.st_size);
-  if (size_ > 0) {
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    const int err = errno;
-    ::close(fd);
-    if (p == MAP_FAILED) fail(path_, std::string("cannot map: ") + std::strerror(err));
-    base_ = static_cast<const std::byte*>(p);
-  } else {
-    ::close(fd);
-  }
   try {
-    parse();
-  } catch (...) {
-    unmap();
-    throw;
+    map_ = mapped_file(path);
+  } catch (const mapped_file_error& e) {
+    fail(path_, e.what());
   }
-}
-
-safetensors_file::~safetensors_file() { unmap(); }
-
-safetensors_file::safetensors_file(safetensors_file&& other) noexcept
-    : path_(std::move(other.path_)),
-      base_(std::exchange(other.base_, nullptr)),
-      size_(std::exchange(other.size_, 0)),
-      data_offset_(other.data_offset_),
-      metadata_(std::move(other.metadata_)),
-      tensors_(std::move(other.tensors_)) {}
-
-safetensors_file& safetensors_file::operator=(safetensors_file&& other) noexcept {
-  if (this != &other) {
-    unmap();
-    path_ = std::move(other.path_);
-    base_ = std::exchange(other.base_, nullptr);
-    size_ = std::exchange(other.size_, 0);
-    data_offset_ = other.data_offset_;
-    metadata_ = std::move(other.metadata_);
-    tensors_ = std::move(other.tensors_);
-  }
-  return *this;
-}
-
-void safetensors_file::unmap() noexcept {
-  if (base_) ::munmap(const_cast<std::byte*>(base_), size_);
-  base_ = nullptr;
+  parse();
 }
 
 void safetensors_file::parse() {
-  if (size_ < 8) fail(path_, "truncated file: " + std::to_string(size_) + " bytes, the header size alone takes 8");
-  const uint64_t header_size = read_le64(base_);
+  if (map_.size() < 8) fail(path_, "truncated file: " + std::to_string(map_.size()) + " bytes, the header size alone takes 8");
+  const uint64_t header_size = read_le64(map_.data());
   if (header_size > max_header_bytes) {
     fail(path_, "header size " + std::to_string(header_size) + " is over the limit of " +
                     std::to_string(max_header_bytes) + " bytes");
   }
-  if (header_size > size_ - 8) {
+  if (header_size > map_.size() - 8) {
     fail(path_, "truncated file: the header needs " + std::to_string(header_size) + " bytes after the size field, the file has " +
-                    std::to_string(size_ - 8));
+                    std::to_string(map_.size() - 8));
   }
   data_offset_ = 8 + header_size;
-  const uint64_t data_size = size_ - data_offset_;
-  const auto* text = reinterpret_cast<const char*>(base_ + 8);
+  const uint64_t data_size = map_.size() - data_offset_;
+  const auto* text = reinterpret_cast<const char*>(map_.data() + 8);
   json header;
   try {
     header = json::parse(text, text + header_size);
@@ -346,7 +290,7 @@ const st_tensor_info& safetensors_file::at(std::string_view name) const {
 
 std::span<const std::byte> safetensors_file::bytes(const st_tensor_info& info) const {
   if (info.n_bytes() == 0) return {};
-  return {base_ + data_offset_ + info.begin, info.n_bytes()};
+  return {map_.data() + data_offset_ + info.begin, info.n_bytes()};
 }
 
 std::vector<float> safetensors_file::read_floats(std::string_view name,

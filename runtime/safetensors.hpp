@@ -20,6 +20,8 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/mapped_file.hpp"
+
 namespace duet {
 
 /// Element types of the safetensors format, as the header spells them.
@@ -65,14 +67,13 @@ class safetensors_file {
   static constexpr uint64_t max_header_bytes = 100u << 20;
 
   explicit safetensors_file(const std::filesystem::path& path);
-  ~safetensors_file();
-  safetensors_file(safetensors_file&& other) noexcept;
-  safetensors_file& operator=(safetensors_file&& other) noexcept;
+  safetensors_file(safetensors_file&& other) noexcept = default;
+  safetensors_file& operator=(safetensors_file&& other) noexcept = default;
   safetensors_file(const safetensors_file&) = delete;
   safetensors_file& operator=(const safetensors_file&) = delete;
 
   [[nodiscard]] const std::filesystem::path& path() const { return path_; }
-  [[nodiscard]] uint64_t file_size() const { return size_; }
+  [[nodiscard]] uint64_t file_size() const { return map_.size(); }
   /// The "__metadata__" string map (empty when absent).
   [[nodiscard]] const std::map<std::string, std::string>& metadata() const { return metadata_; }
   /// Every tensor, sorted by name.
@@ -95,11 +96,9 @@ class safetensors_file {
 
  private:
   void parse();
-  void unmap() noexcept;
 
   std::filesystem::path path_;
-  const std::byte* base_ = nullptr;  // PROT_READ mmap of the whole file (nullptr when empty)
-  uint64_t size_ = 0;
+  mapped_file map_;
   uint64_t data_offset_ = 0;  // 8 + header size
   std::map<std::string, std::string> metadata_;
   std::vector<st_tensor_info> tensors_;
