@@ -28,6 +28,13 @@ deployment_addresses addresses_of(const deployment_config& config) {
 
 namespace {
 
+// A frame that failed to decode is answered, so its sender never waits on it to time out.
+void refuse_if_malformed(outbox& box, const inbound& in, const msg::dispatch_outcome& outcome) {
+  if (outcome.status == msg::dispatch_status::malformed) {
+    box.send(in.env.src, msg::error{msg::error_code::bad_request, outcome.error, in.env.correlation});
+  }
+}
+
 void reply_stats(transport& net, outbox& box, const msg::envelope& env, std::string role, uint32_t free_blocks,
                  uint32_t total_blocks, std::map<std::string, uint64_t> counters) {
   msg::stats_reply reply;
@@ -118,9 +125,7 @@ duet_actor::behavior_type router_behavior(duet_actor::stateful_pointer<router_st
             reply_stats(net, core.out(), env, "router", 0, 0, std::move(counters));
           }
         });
-        if (outcome.status == msg::dispatch_status::malformed) {
-          core.out().send(in.env.src, msg::error{msg::error_code::bad_request, outcome.error, in.env.correlation});
-        }
+        refuse_if_malformed(core.out(), in, outcome);
         flush(core.out(), net);
       },
       [=](tick_atom) {
@@ -169,9 +174,7 @@ duet_actor::behavior_type broker_behavior(duet_actor::stateful_pointer<broker_st
             reply_stats(net, core.out(), env, "broker", 0, 0, std::move(counters));
           }
         });
-        if (outcome.status == msg::dispatch_status::malformed) {
-          core.out().send(in.env.src, msg::error{msg::error_code::bad_request, outcome.error, in.env.correlation});
-        }
+        refuse_if_malformed(core.out(), in, outcome);
         flush(core.out(), net);
       },
       [=](tick_atom) {
@@ -374,9 +377,7 @@ duet_actor::behavior_type worker_behavior(duet_actor::stateful_pointer<Role> sel
             Role::on(core, env, m, now, received);
           }
         });
-        if (outcome.status == msg::dispatch_status::malformed) {
-          core.out().send(in.env.src, msg::error{msg::error_code::bad_request, outcome.error, in.env.correlation});
-        }
+        refuse_if_malformed(core.out(), in, outcome);
         step_after_flush<Role>(self);
       },
       [=](step_done_atom) {
