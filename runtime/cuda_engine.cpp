@@ -30,6 +30,7 @@
 #include "runtime/kv_pool_share.hpp"
 #include "runtime/model_shape.hpp"
 #include "runtime/safetensors.hpp"
+#include "runtime/shared_loads.hpp"
 
 namespace duet {
 
@@ -322,18 +323,9 @@ std::shared_ptr<cuda_weights> load_cuda_weights(const std::filesystem::path& dir
 
 std::shared_ptr<const cuda_weights> load_cuda_weights_shared(const std::filesystem::path& dir,
                                                              int device) {
-  static std::mutex mutex;
-  static std::map<std::pair<std::string, int>, std::weak_ptr<const cuda_weights>> registry;
-  std::error_code ec;
-  auto canonical = std::filesystem::weakly_canonical(dir, ec);
-  const auto key = std::make_pair((ec ? dir : canonical).string(), device);
-  std::lock_guard lock(mutex);
-  if (auto it = registry.find(key); it != registry.end()) {
-    if (auto alive = it->second.lock()) return alive;
-  }
-  std::shared_ptr<const cuda_weights> w = load_cuda_weights(dir, device);
-  registry[key] = w;
-  return w;
+  // One copy per directory and device: each GPU needs the weights in its own memory.
+  static shared_loads<cuda_weights, std::pair<std::filesystem::path, int>> loads;
+  return loads.get({canonical_key(dir), device}, [&] { return load_cuda_weights(dir, device); });
 }
 
 // ----------------------------------------------------------------------------- step buffers

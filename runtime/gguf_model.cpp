@@ -4,11 +4,11 @@
 #include <array>
 #include <cstring>
 #include <fstream>
-#include <map>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "runtime/shared_loads.hpp"
 
 namespace duet {
 
@@ -178,18 +178,8 @@ model_weights load_gguf_model(const std::filesystem::path& path) {
 }
 
 std::shared_ptr<const model_weights> load_gguf_model_shared(const std::filesystem::path& path) {
-  static std::mutex mutex;
-  static std::map<std::filesystem::path, std::weak_ptr<const model_weights>> loaded;
-  std::error_code ec;
-  std::filesystem::path key = std::filesystem::weakly_canonical(path, ec);
-  if (ec) key = path;
-  std::lock_guard lock(mutex);
-  if (auto it = loaded.find(key); it != loaded.end()) {
-    if (auto existing = it->second.lock()) return existing;
-  }
-  auto fresh = std::make_shared<const model_weights>(load_gguf_model(path));
-  loaded[key] = fresh;
-  return fresh;
+  static shared_loads<model_weights> loads;
+  return loads.get(canonical_key(path), [&] { return std::make_shared<const model_weights>(load_gguf_model(path)); });
 }
 
 bool ggml_native_matrix_type(ggml_type type) {
@@ -332,18 +322,9 @@ gguf_native_model load_gguf_native(const std::filesystem::path& path) {
 }
 
 std::shared_ptr<const gguf_native_model> load_gguf_native_shared(const std::filesystem::path& path) {
-  static std::mutex mutex;
-  static std::map<std::filesystem::path, std::weak_ptr<const gguf_native_model>> loaded;
-  std::error_code ec;
-  std::filesystem::path key = std::filesystem::weakly_canonical(path, ec);
-  if (ec) key = path;
-  std::lock_guard lock(mutex);
-  if (auto it = loaded.find(key); it != loaded.end()) {
-    if (auto existing = it->second.lock()) return existing;
-  }
-  auto fresh = std::make_shared<const gguf_native_model>(load_gguf_native(path));
-  loaded[key] = fresh;
-  return fresh;
+  static shared_loads<gguf_native_model> loads;
+  return loads.get(canonical_key(path),
+                   [&] { return std::make_shared<const gguf_native_model>(load_gguf_native(path)); });
 }
 
 tokenizer_spec load_gguf_tokenizer(const std::filesystem::path& path) {

@@ -1,13 +1,12 @@
 #include "runtime/hf_model.hpp"
 
 #include <fstream>
-#include <map>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
 
 #include "runtime/safetensors.hpp"
+#include "runtime/shared_loads.hpp"
 
 namespace duet {
 
@@ -399,18 +398,8 @@ model_weights load_hf_model(const std::filesystem::path& dir) {
 }
 
 std::shared_ptr<const model_weights> load_hf_model_shared(const std::filesystem::path& dir) {
-  static std::mutex mutex;
-  static std::map<std::filesystem::path, std::weak_ptr<const model_weights>> loaded;
-  std::error_code ec;
-  std::filesystem::path key = std::filesystem::weakly_canonical(dir, ec);
-  if (ec) key = dir;
-  std::lock_guard lock(mutex);
-  if (auto it = loaded.find(key); it != loaded.end()) {
-    if (auto existing = it->second.lock()) return existing;
-  }
-  auto fresh = std::make_shared<const model_weights>(load_hf_model(dir));
-  loaded[key] = fresh;
-  return fresh;
+  static shared_loads<model_weights> loads;
+  return loads.get(canonical_key(dir), [&] { return std::make_shared<const model_weights>(load_hf_model(dir)); });
 }
 
 }  // namespace duet

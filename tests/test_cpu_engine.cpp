@@ -20,6 +20,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/cpu_engine.hpp"
@@ -833,6 +834,27 @@ TEST_CASE("sampler: log-probabilities are log_softmax of the raw logits, top-N m
   CHECK(r.top[1].logprob == r.top[2].logprob);
   p.top_logprobs = 0;
   CHECK(s.sample(logits, &p, {}, 8, 2).top.empty());
+}
+
+TEST_CASE("load_hf_model_shared: one copy per directory while held, by any spelling of its path") {
+  temp_dir dir;
+  (void)write_random_checkpoint(dir.path, tiny_params("llama"));
+  auto first = load_hf_model_shared(dir.path);
+  auto same = load_hf_model_shared(dir.path / "." / ".." / dir.path.filename());
+  CHECK(first.get() == same.get());
+  std::vector<std::shared_ptr<const model_weights>> seen(4);
+  std::vector<std::thread> threads;
+  for (auto& slot : seen) threads.emplace_back([&] { slot = load_hf_model_shared(dir.path); });
+  for (auto& t : threads) t.join();
+  for (const auto& w : seen) CHECK(w.get() == first.get());
+  std::weak_ptr<const model_weights> gone = first;
+  first.reset();
+  same.reset();
+  seen.clear();
+  CHECK(gone.expired());  // freed with its last holder, not kept by the registry
+  auto again = load_hf_model_shared(dir.path);
+  CHECK(again->config.hidden_size == 64);
+  CHECK(error_of([&] { (void)load_hf_model_shared(dir.path / "missing"); }) != "(no error)");
 }
 
 // ============================================================================ random checkpoints
