@@ -404,16 +404,21 @@ held_f, held_e = (score(f"h100-cuda-engine-2026-12-{c}.toml", held) for c in ("0
 itl99 = [next(iter(h[2].values()))["itl p99"] for h in (held_f, held_e)]
 expect(f"12-07f misses 2 of its 4 figures, 12-07e 3; ITL P99 -11 / -16 % (got {held_f[0]}, {held_e[0]}, {itl99})",
        (held_f[0], held_e[0], itl99) == (2, 3, [-11, -16]))
-# Fourteen runs at both targets' load, predicted with 12-07f before they ran (colocated and PD
-# streams, 2,048-token chunks; conversation seconds 0-, 300-, 600-, 2100-): 8 of 56 over 15 %,
-# every one inside the +-3 % band, worst PD's TTFT P50 at seconds 600- x4; PD's ITL 3-13 % short.
+# Sixteen runs at both targets' load, predicted with 12-07f before they ran (colocated and PD
+# streams, 2,048-token chunks; conversation seconds 0-, 300-, 600-, 2100-; and colocated with
+# 1,024- and 4,096-token chunks at seconds 2100- x5): 8 of 64 over 15 %, every one inside the
+# +-3 % band, worst PD's TTFT P50 at seconds 600- x4; PD's ITL 3-13 % short.
 both = runs("h100-serve-conv5s300-2026-12-07", reps=True)
-expect(f"fourteen runs at both targets' load (got {len(both)})", len(both) == 14)
+expect(f"sixteen runs at both targets' load (got {len(both)})", len(both) == 16)
 over_b, outside_b, detail_b = score("h100-cuda-engine-2026-12-07f.toml", both)
 worst_b = max(abs(v) for d in detail_b.values() for k, v in d.items() if k.startswith(("ttft", "itl")))
-expect(f"12-07f misses 8 of 56 there, none outside the band, worst 53 % (got {over_b}, {outside_b}, {worst_b})",
+expect(f"12-07f misses 8 of 64 there, none outside the band, worst 53 % (got {over_b}, {outside_b}, {worst_b})",
        (over_b, outside_b, worst_b) == (8, 0, 53))
 pd_itl = [d[k] for r, d in detail_b.items() if "pd-streams" in r for k in ("itl p50", "itl p99")]
 expect(f"and PD streams' ITL figures 3-13 % short (got {sorted(pd_itl)})",
        len(pd_itl) == 14 and all(-13 <= v <= -3 for v in pd_itl))
+other_chunks = {r.rsplit("-", 2)[1]: d for r, d in detail_b.items() if re.search(r"colocated-b256-c[0-9]+-42s$", r)}
+expect(f"colocated's 1,024- and 4,096-token chunks: every figure within 15 % (got {other_chunks})",
+       sorted(other_chunks) == ["c1024", "c4096"]
+       and all(abs(v) <= 15 for d in other_chunks.values() for k, v in d.items() if k.startswith(("ttft", "itl"))))
 finish()
