@@ -408,7 +408,9 @@ expect(f"12-07f misses 2 of its 4 figures, 12-07e 3; ITL P99 -11 / -16 % (got {h
 # streams, 2,048-token chunks; conversation seconds 0-, 300-, 600-, 2100-; and colocated with
 # 1,024- and 4,096-token chunks at seconds 2100- x5): 8 of 64 over 15 %, every one inside the
 # +-3 % band, worst PD's TTFT P50 at seconds 600- x4; PD's ITL 3-13 % short.
-both = runs("h100-serve-conv5s300-2026-12-07", reps=True)
+PARTITIONS = ("conv5s2100-pd-green70-b256-c2048-fd-42s", "conv5s2100-pd-reserve70-b256-c2048-fd-42s",
+              "conv5s2100-pd-reserve85-b256-c2048-fd-42s")
+both = [r for r in runs("h100-serve-conv5s300-2026-12-07", reps=True) if not re.search(r"-pd-(green|reserve)", r)]
 expect(f"sixteen runs at both targets' load (got {len(both)})", len(both) == 16)
 over_b, outside_b, detail_b = score("h100-cuda-engine-2026-12-07f.toml", both)
 worst_b = max(abs(v) for d in detail_b.values() for k, v in d.items() if k.startswith(("ttft", "itl")))
@@ -421,4 +423,19 @@ other_chunks = {r.rsplit("-", 2)[1]: d for r, d in detail_b.items() if re.search
 expect(f"colocated's 1,024- and 4,096-token chunks: every figure within 15 % (got {other_chunks})",
        sorted(other_chunks) == ["c1024", "c4096"]
        and all(abs(v) <= 15 for d in other_chunks.values() for k, v in d.items() if k.startswith(("ttft", "itl"))))
+# The three SM partitions at seconds 2100- x5, predicted with 12-07f before they ran: it priced
+# green:0.7's prefill steps 23 % long (TTFT P50 +304 %) and reserve:0.85's decode delay 1.6x. 12-07g
+# refits three keys on those runs (in sample) and must keep the one older green run (0.6) within 15 %.
+parted = [str(data / "h100-serve-conv5s300-2026-12-07" / name) for name in PARTITIONS]
+over_pf, outside_pf, detail_pf = score("h100-cuda-engine-2026-12-07f.toml", parted)
+worst_pf = max(abs(v) for d in detail_pf.values() for k, v in d.items() if k.startswith(("ttft", "itl")))
+expect(f"12-07f misses 10 of the partitions' 12 figures, all outside the band, worst 304 % (got {over_pf}, {outside_pf}, {worst_pf})",
+       (over_pf, outside_pf, worst_pf) == (10, 10, 304))
+green60 = str(data / "h100-serve-fixed-2026-12-06/conv3-pd-green60-b256-c1024-fd-42s")
+over_pg, outside_pg, detail_pg = score("h100-cuda-engine-2026-12-07g.toml", parted + [green60])
+worst_pg = max(abs(v) for d in detail_pg.values() for k, v in d.items() if k.startswith(("ttft", "itl")))
+expect(f"12-07g misses 3 of their 12 and the green:0.6 run's 4 (2 outside the band, worst 20 %) (got {over_pg}, {outside_pg}, {worst_pg})",
+       (over_pg, outside_pg, worst_pg) == (3, 2, 20))
+expect(f"and keeps the green:0.6 run within 15 % (got {detail_pg[pathlib.Path(green60).name]})",
+       all(abs(v) <= 15 for k, v in detail_pg[pathlib.Path(green60).name].items() if k.startswith(("ttft", "itl"))))
 finish()
