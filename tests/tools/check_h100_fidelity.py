@@ -438,4 +438,14 @@ expect(f"12-07g misses 3 of their 12 and the green:0.6 run's 4 (2 outside the ba
        (over_pg, outside_pg, worst_pg) == (3, 2, 20))
 expect(f"and keeps the green:0.6 run within 15 % (got {detail_pg[pathlib.Path(green60).name]})",
        all(abs(v) <= 15 for k, v in detail_pg[pathlib.Path(green60).name].items() if k.startswith(("ttft", "itl"))))
+# Green contexts at 0.6 and 0.8 on the same load, predicted with 12-07g before they ran: it does no
+# better than 12-07f away from the shares it was fitted at (green:0.8's decode share 0.18 was never timed).
+greens = [str(data / "h100-serve-conv5s300-2026-12-07" / f"conv5s2100-pd-green{n}-b256-c2048-fd-42s") for n in (60, 80)]
+green_scores = {}
+for c in ("07g", "07f"):
+    over_gr, outside_gr, detail_gr = score(f"h100-cuda-engine-2026-12-{c}.toml", greens)
+    green_scores[c] = (over_gr, outside_gr, max(abs(v) for d in detail_gr.values() for k, v in d.items()
+                                                if k.startswith(("ttft", "itl"))))
+expect(f"on green:0.6 and 0.8 12-07g misses 5 of 8, all outside the band, worst 59 %; 12-07f 5, 5, 49 % (got {green_scores})",
+       green_scores == {"07g": (5, 5, 59), "07f": (5, 5, 49)})
 finish()
