@@ -306,8 +306,7 @@ over_ro, outside_ro, at_ro = score("h100-cuda-engine-2026-12-06o.toml", refit)
 expect(f"12-06m misses 19 of 72 (17 outside the speed band), 12-06o 9 (6) (got {over_rm} ({outside_rm}), {over_ro} ({outside_ro}))",
        (over_rm, outside_rm, over_ro, outside_ro) == (19, 17, 9, 6))
 expect("the worst miss: 12-06m 75 %, 12-06o 25 %",
-       (max(abs(v) for d in at_rm.values() for k, v in d.items() if k.startswith(("ttft", "itl"))),
-        max(abs(v) for d in at_ro.values() for k, v in d.items() if k.startswith(("ttft", "itl")))) == (75, 25))
+       (worst(at_rm), worst(at_ro)) == (75, 25))
 expect("code x1 on PD streams: TTFT P50 +58 % with 12-06m, +11 % with 12-06o",
        [d["code1-pd-streams-b256-c1024-fd"]["ttft p50"] for d in (at_rm, at_ro)] == [58, 11])
 expect("conversation x4 at 0.7: TTFT P50 -50 % with 12-06m, -18 % with 12-06o",
@@ -358,7 +357,7 @@ expect(f"all 31 H100 runs: 12-07 22 misses of 124, 12-07c 22, 12-07d 21 (got {ov
 # 12-07e: lone decode steps at 4 us a row (as the step logs have them) and the prefill step's loss
 # beside decode leaning on the decode step's attention (0.8): the same count, the spread halved.
 over_e, outside_e, at_e = score("h100-cuda-engine-2026-12-07e.toml", every)
-worst_e = max(abs(v) for d in at_e.values() for k, v in d.items() if k.startswith(("ttft", "itl")))
+worst_e = worst(at_e)
 expect(f"12-07e on all 31: 21 misses (14 outside the band), worst 64 % (got {over_e} ({outside_e}), {worst_e})",
        (over_e, outside_e, worst_e) == (21, 14, 64))
 expect("colocated TTFT P50 on conversation s300: +85 % with 12-07c, +47 % with 12-07e",
@@ -372,7 +371,7 @@ expect(f"seventeen runs on seconds 900- (got {len(s900)})", len(s900) == 17)
 at_900 = {}
 for c in ("07e", "07"):
     over_9, outside_9, at_900[c] = score(f"h100-cuda-engine-2026-12-{c}.toml", s900)
-    worst_9 = max(abs(v) for d in at_900[c].values() for k, v in d.items() if k.startswith(("ttft", "itl")))
+    worst_9 = worst(at_900[c])
     at_900[c + " score"] = (over_9, outside_9, worst_9)
 expect(f"12-07e misses 28 of 68 (15 outside the band, worst 63 %), 12-07 22 (17, 102 %) (got {at_900['07e score']}, {at_900['07 score']})",
        at_900["07e score"] == (28, 15, 63) and at_900["07 score"] == (22, 17, 102))
@@ -413,7 +412,7 @@ PARTITIONS = ("conv5s2100-pd-green70-b256-c2048-fd-42s", "conv5s2100-pd-reserve7
 both = [r for r in runs("h100-serve-conv5s300-2026-12-07", reps=True) if not re.search(r"-pd-(green|reserve)", r)]
 expect(f"sixteen runs at both targets' load (got {len(both)})", len(both) == 16)
 over_b, outside_b, detail_b = score("h100-cuda-engine-2026-12-07f.toml", both)
-worst_b = max(abs(v) for d in detail_b.values() for k, v in d.items() if k.startswith(("ttft", "itl")))
+worst_b = worst(detail_b)
 expect(f"12-07f misses 8 of 64 there, none outside the band, worst 53 % (got {over_b}, {outside_b}, {worst_b})",
        (over_b, outside_b, worst_b) == (8, 0, 53))
 pd_itl = [d[k] for r, d in detail_b.items() if "pd-streams" in r for k in ("itl p50", "itl p99")]
@@ -428,12 +427,12 @@ expect(f"colocated's 1,024- and 4,096-token chunks: every figure within 15 % (go
 # refits three keys on those runs (in sample) and must keep the one older green run (0.6) within 15 %.
 parted = [str(data / "h100-serve-conv5s300-2026-12-07" / name) for name in PARTITIONS]
 over_pf, outside_pf, detail_pf = score("h100-cuda-engine-2026-12-07f.toml", parted)
-worst_pf = max(abs(v) for d in detail_pf.values() for k, v in d.items() if k.startswith(("ttft", "itl")))
+worst_pf = worst(detail_pf)
 expect(f"12-07f misses 10 of the partitions' 12 figures, all outside the band, worst 304 % (got {over_pf}, {outside_pf}, {worst_pf})",
        (over_pf, outside_pf, worst_pf) == (10, 10, 304))
 green60 = str(data / "h100-serve-fixed-2026-12-06/conv3-pd-green60-b256-c1024-fd-42s")
 over_pg, outside_pg, detail_pg = score("h100-cuda-engine-2026-12-07g.toml", parted + [green60])
-worst_pg = max(abs(v) for d in detail_pg.values() for k, v in d.items() if k.startswith(("ttft", "itl")))
+worst_pg = worst(detail_pg)
 expect(f"12-07g misses 3 of their 12 and the green:0.6 run's 4 (2 outside the band, worst 20 %) (got {over_pg}, {outside_pg}, {worst_pg})",
        (over_pg, outside_pg, worst_pg) == (3, 2, 20))
 expect(f"and keeps the green:0.6 run within 15 % (got {detail_pg[pathlib.Path(green60).name]})",
@@ -444,8 +443,7 @@ greens = [str(data / "h100-serve-conv5s300-2026-12-07" / f"conv5s2100-pd-green{n
 green_scores = {}
 for c in ("07g", "07f"):
     over_gr, outside_gr, detail_gr = score(f"h100-cuda-engine-2026-12-{c}.toml", greens)
-    green_scores[c] = (over_gr, outside_gr, max(abs(v) for d in detail_gr.values() for k, v in d.items()
-                                                if k.startswith(("ttft", "itl"))))
+    green_scores[c] = (over_gr, outside_gr, worst(detail_gr))
 expect(f"on green:0.6 and 0.8 12-07g misses 5 of 8, all outside the band, worst 59 %; 12-07f 5, 5, 49 % (got {green_scores})",
        green_scores == {"07g": (5, 5, 59), "07f": (5, 5, 49)})
 finish()
