@@ -446,4 +446,26 @@ for c in ("07g", "07f"):
     green_scores[c] = (over_gr, outside_gr, worst(detail_gr))
 expect(f"on green:0.6 and 0.8 12-07g misses 5 of 8, all outside the band, worst 59 %; 12-07f 5, 5, 49 % (got {green_scores})",
        green_scores == {"07g": (5, 5, 59), "07f": (5, 5, 49)})
+# Green 0.65, 0.75 and 0.8 again, predicted with 12-07g before they ran: green 0.65 (decode on 44 SMs,
+# between fitted shares) within 9 %; green 0.75's ITL P50 and green 0.8's TTFT miss.
+later = [str(data / "h100-serve-conv5s300-2026-12-07" / f"conv5s2100-pd-green{n}-b256-c2048-fd-{rep}42s")
+         for n, rep in (("65", ""), ("75", ""), ("80", "rep-"))]
+over_l, outside_l, detail_l = score("h100-cuda-engine-2026-12-07g.toml", later)
+expect(f"12-07g misses 3 of their 12 figures, all outside the band, worst 58 % (got {over_l}, {outside_l}, {worst(detail_l)})",
+       (over_l, outside_l, worst(detail_l)) == (3, 3, 58))
+expect(f"and green 0.65 within 9 % on every figure (got {detail_l['conv5s2100-pd-green65-b256-c2048-fd-42s']})",
+       all(abs(v) <= 9 for v in detail_l["conv5s2100-pd-green65-b256-c2048-fd-42s"].values()))
+# 12-07h refits the KV rate below 36 SMs and prefill's slowdown on 104 on the seven green runs at
+# 0.6-0.8 (in sample), and prices the runs at other shares as 12-07g does.
+seven = sorted(str(r.with_suffix("")) for r in (data / "h100-serve-conv5s300-2026-12-07").glob("conv5s2100-pd-green*.json"))
+expect(f"seven green runs at seconds 2100- x5 (got {len(seven)})", len(seven) == 7)
+over_s, outside_s, detail_s = score("h100-cuda-engine-2026-12-07h.toml", seven)
+over_sg, outside_sg, detail_sg = score("h100-cuda-engine-2026-12-07g.toml", seven)
+expect(f"on them 12-07h misses 6 of 28 (4 outside the band, worst 30 %), 12-07g 10 (8, 59 %) "
+       f"(got {over_s}, {outside_s}, {worst(detail_s)}; {over_sg}, {outside_sg}, {worst(detail_sg)})",
+       (over_s, outside_s, worst(detail_s), over_sg, outside_sg, worst(detail_sg)) == (6, 4, 30, 10, 8, 59))
+detail_ph = score("h100-cuda-engine-2026-12-07h.toml", parted + [green60])[2]
+moved = max(abs(detail_ph[r][k] - detail_pg[r][k]) for r in detail_pg for k in detail_pg[r])
+expect(f"12-07h prices the other partitions and the older green:0.6 run as 12-07g does, within 1 % (got {moved})",
+       detail_ph.keys() == detail_pg.keys() and moved <= 1)
 finish()
