@@ -25,13 +25,20 @@ engine call's wall time; simulated: its modelled time), sequences, tokens, conte
       minus its mix priced alone (`duet bench engine --engine sim`), fitted by least squares to
       the decode time overlapping it (d), the decode steps overlapping it (n) and d x their rows;
       then what the d, d x rows fit leaves, by the step's prior context.
+  compare-steps.py lone RUN... --calibration CAL [--model PRESET] [--duet BIN]
+      The decode steps of stored green-context runs that no prefill step overlapped at all, each
+      against the same step (rows, context per row to 64 tokens) priced alone on the decode green
+      context's SMs (RUN.up.log) by `duet bench engine --engine sim --sm-share`: live and priced
+      means by band of rows, per run, and the RMS of log(priced / live) over every step of 9+ rows.
 """
 import argparse
 import bisect
 import csv
 import gzip
 import json
+import math
 import os
+import re
 import pathlib
 import statistics
 import subprocess
@@ -228,6 +235,70 @@ def prefill_loss(args):
     by_context(samples)
 
 
+LONE_BANDS = ((9, 32), (33, 96), (97, 160), (161, 256))
+
+
+def decode_share(run):
+    """The decode worker's green context as a share of the GPU's SMs, from the run's up.log."""
+    text = run.with_name(run.name + ".up.log").read_text()
+    shares = [(int(n) / int(m), float(s)) for n, m, s in
+              re.findall(r"green context of (\d+) of (\d+) SMs \(sm_share ([\d.]+)\)", text)]
+    if not shares:
+        sys.exit(f"compare-steps.py: {run}.up.log names no green context")
+    return min(shares, key=lambda x: x[1])[0]  # the decode share is the smaller one configured
+
+
+def lone_steps(run):
+    """(rows, context per row to 64 tokens, engine ms) of the decode steps no prefill step overlapped."""
+    after = int(run.with_name(run.name + ".replay-start-ms").read_text())
+    prefill = steps(sorted(run.parent.glob(run.name + ".steps.*prefill*.csv*")), "prefill", after - 5000)
+    spans = sorted((p["begin_ms"], p["end_ms"]) for p in prefill)
+    starts = [a for a, _ in spans]
+    out = []
+    for d in steps(sorted(run.parent.glob(run.name + ".steps.*decode*.csv*")), "decode", after):
+        i = bisect.bisect_right(starts, d["end_ms"] + 2)
+        near = spans[max(0, i - 8):i]  # prefill steps do not overlap each other: the last few suffice
+        if d["sequences"] >= 9 and not any(b > d["begin_ms"] - 2 and a < d["end_ms"] + 2 for a, b in near):
+            out.append((d["sequences"], max(64, round(d["context"] / d["sequences"] / 64) * 64), d["engine_ms"]))
+    return out
+
+
+def price_decode(args, share, pairs):
+    """{(rows, context per row): ms} from `duet bench engine --engine sim` on that share."""
+    rows, contexts = sorted({r for r, _ in pairs}), sorted({c for _, c in pairs})
+    priced = {}
+    with tempfile.TemporaryDirectory() as folder:
+        out = pathlib.Path(folder) / "priced.json"
+        for i in range(0, len(rows), 32):
+            subprocess.run([args.duet, "bench", "engine", "--engine", "sim", "--model", args.model,
+                            "--calibration", args.calibration, "--sm-share", f"{share:.6f}", "--prefill", "16",
+                            "--repeats", "1", "--steps", "1", "--batch", ",".join(map(str, rows[i:i + 32])),
+                            "--context", ",".join(map(str, contexts)), "--json", str(out)], check=True, stdout=subprocess.DEVNULL)
+            priced.update({(r["batch"], r["tokens"]): r["ms_median"]
+                           for r in json.loads(out.read_text())["rows"] if r["kind"] == "decode"})
+    return priced
+
+
+def lone(args):
+    logs = []
+    print("| run | decode SMs | " + " | ".join(f"{lo}-{hi} rows: steps, live / priced ms" for lo, hi in LONE_BANDS) + " |")
+    print("| --- | --- | " + " | ".join("---" for _ in LONE_BANDS) + " |")
+    for name in args.runs:
+        run = pathlib.Path(name)
+        share = decode_share(run)
+        found = lone_steps(run)
+        priced = price_decode(args, share, {(r, c) for r, c, _ in found})
+        cells = []
+        for lo, hi in LONE_BANDS:
+            band = [(ms, priced[(r, c)]) for r, c, ms in found if lo <= r <= hi]
+            cells.append(f"{len(band)}, {mean([a for a, _ in band]):.1f} / {mean([b for _, b in band]):.1f}" if band else "")
+        logs += [math.log(priced[(r, c)] / ms) for r, c, ms in found if ms > 0]
+        print(f"| {run.name} | {round(share * 132) if share else ''} ({share:.3f}) | " + " | ".join(cells) + " |")
+    if logs:
+        print(f"\n{len(logs)} steps; RMS of log(priced / live) {math.sqrt(mean([x * x for x in logs])) * 100:.1f} %, "
+              f"mean {(math.exp(mean(logs)) - 1) * 100:+.1f} %")
+
+
 # Prompt tokens already in KV before a prefill step (its longest prior context).
 CONTEXT_BANDS = ((0, 0), (1, 2047), (2048, 8191), (8192, 1 << 30))
 
@@ -269,8 +340,15 @@ def main():
     pl.add_argument("--calibration", required=True)
     pl.add_argument("--model", default="r1-distill-llama-8b", help="model preset the runs served")
     pl.add_argument("--duet", default=os.environ.get("DUET_BIN", str(root / "build/duet")))
+    lo = sub.add_parser("lone")
+    lo.add_argument("runs", nargs="+", help="stored green-context serving runs, without .toml")
+    lo.add_argument("--calibration", required=True)
+    lo.add_argument("--model", default="r1-distill-llama-8b", help="model preset the runs served")
+    lo.add_argument("--duet", default=os.environ.get("DUET_BIN", str(root / "build/duet")))
     args = ap.parse_args()
-    if args.command == "prefill-loss":
+    if args.command == "lone":
+        lone(args)
+    elif args.command == "prefill-loss":
         prefill_loss(args)
     elif args.command == "beside":
         beside(args)
