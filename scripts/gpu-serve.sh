@@ -66,7 +66,7 @@ ENGINE=${GPU_SERVE_ENGINE:-cuda}  # sim: a dry run of the stages without a GPU (
 # 80 GB. GPU_SERVE_GPU (h200 or h100), GPU_SERVE_KV_BLOCKS and GPU_SERVE_CAL override them.
 CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 case ${GPU_SERVE_GPU:-${CARD^^}} in
-  h100 | *H100*) GPU_NAME=h100 KV_DEFAULT="4096 22528" CAL_DEFAULT=h100-cuda-engine-2026-12-07h.toml ;;
+  h100 | *H100*) GPU_NAME=h100 KV_DEFAULT="4096 22528" CAL_DEFAULT=h100-cuda-engine-2026-12-07i.toml ;;
   h200 | *H200* | "") GPU_NAME=h200 KV_DEFAULT="8192 32768" CAL_DEFAULT=h200-cuda-engine-2026-12-07c.toml ;;
   *) echo "no deployment defaults for the card '${GPU_SERVE_GPU:-$CARD}' (GPU_SERVE_GPU: h200 or h100)"; exit 3 ;;
 esac
