@@ -9,6 +9,7 @@ them it exits 77 (skipped).
 """
 import pathlib
 import re
+import subprocess
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -474,4 +475,29 @@ at45 = [str(data / "h100-serve-conv5s300-2026-12-07/conv45s2100-pd-green80-b256-
 held_h, held_g = (score(f"h100-cuda-engine-2026-12-{c}.toml", at45) for c in ("07h", "07g"))
 expect(f"12-07h misses 2 of its 4 figures (worst 33 %), 12-07g 4 (worst 89 %) (got {held_h[0]}, {worst(held_h[2])}; {held_g[0]}, {worst(held_g[2])})",
        (held_h[0], worst(held_h[2]), held_g[0], worst(held_g[2])) == (2, 33, 4, 89))
+# 12-07i prices a green context's decode steps as they ran with no prefill step beside them (the
+# weights' and KV reads' rates on 24-52 SMs), and their slowdown beside prefill up to match.
+def lone_rms(calibration):
+    """(RMS, mean) of log(priced / live) over the green runs' lone decode steps, in %."""
+    out = subprocess.run([sys.executable, str(root / "scripts/compare-steps.py"), "lone", *at45, *seven,
+                          "--calibration", str(root / "config/calibration-duet" / calibration), "--duet", str(duet)],
+                         check=True, capture_output=True, text=True).stdout
+    found = re.search(r"(\d+) steps; RMS of log\(priced / live\) ([\d.]+) %, mean ([+-][\d.]+) %", out)
+    return int(found[1]), float(found[2]), float(found[3])
+lone_h, lone_i = lone_rms("h100-cuda-engine-2026-12-07h.toml"), lone_rms("h100-cuda-engine-2026-12-07i.toml")
+expect(f"4,116 lone decode steps; 12-07h prices them 15 % long (RMS 15.5 %), 12-07i within 1 % on average (RMS 6.2 %) (got {lone_h}, {lone_i})",
+       lone_h == (4116, 15.5, 14.8) and lone_i == (4116, 6.2, 0.4))
+nine = seven + at45 + [green60]
+scores_9 = {c: score(f"h100-cuda-engine-2026-12-{c}.toml", nine) for c in ("07h", "07i")}
+got_9 = {c: (v[0], v[1], worst(v[2])) for c, v in scores_9.items()}
+expect(f"on the nine green runs 12-07i misses 5 of 36 (2 outside the band, worst 29 %), 12-07h 8 (5, 33 %) (got {got_9})",
+       got_9 == {"07h": (8, 5, 33), "07i": (5, 2, 29)})
+at45_i = scores_9["07i"][2][pathlib.Path(at45[0]).name]
+expect(f"12-07i prices green:0.8 at x4.5's TTFT within 1 % (12-07h -33 / -21 %) (got {at45_i})",
+       abs(at45_i["ttft p50"]) <= 1 and abs(at45_i["ttft p99"]) <= 1)
+reserves = [r for r in parted + runs("h100-serve-fixed-2026-12-06") if "-pd-reserve" in r]
+detail_rh, detail_ri = (score(f"h100-cuda-engine-2026-12-{c}.toml", reserves)[2] for c in ("07h", "07i"))
+moved_i = max(abs(detail_ri[r][k] - detail_rh[r][k]) for r in detail_ri for k in detail_ri[r])
+expect(f"12-07i prices the {len(reserves)} reserve-partition runs as 12-07h does, within 1 % (got {moved_i})",
+       len(reserves) >= 5 and moved_i <= 1)
 finish()
