@@ -26,9 +26,9 @@ engine call's wall time; simulated: its modelled time), sequences, tokens, conte
       the decode time overlapping it (d), the decode steps overlapping it (n) and d x their rows;
       then what the d, d x rows fit leaves, by the step's prior context.
   compare-steps.py lone RUN... --calibration CAL [--model PRESET] [--duet BIN]
-      The decode steps of stored green-context runs that no prefill step overlapped at all, each
-      against the same step (rows, context per row to 64 tokens) priced alone on the decode green
-      context's SMs (RUN.up.log) by `duet bench engine --engine sim --sm-share`: live and priced
+      The decode steps of stored runs that no prefill step overlapped at all, each against the
+      same step (rows, context per row to 64 tokens) priced alone on the decode worker's SMs (the
+      green context of its sm_share, named in RUN.up.log, or the whole GPU) by `duet bench engine --engine sim --sm-share`: live and priced
       means by band of rows, per run, and the RMS of log(priced / live) over every step of 9+ rows.
 """
 import argparse
@@ -44,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import tomllib
 
 import serve_runs
 
@@ -239,13 +240,17 @@ LONE_BANDS = ((9, 32), (33, 96), (97, 160), (161, 256))
 
 
 def decode_share(run):
-    """The decode worker's green context as a share of the GPU's SMs, from the run's up.log."""
+    """(share of the GPU's SMs, their count) the decode worker ran on: the green context of its
+    configured sm_share named in the run's up.log, or the whole GPU without one."""
+    config = tomllib.loads(run.with_name(run.name + ".toml").read_text())
+    wanted = [a.get("sm_share", 1.0) for n in config.get("nodes", []) for a in n.get("actors", []) if a.get("role") == "decode"]
+    if not wanted or wanted[0] >= 1.0:
+        return 1.0, "all"
     text = run.with_name(run.name + ".up.log").read_text()
-    shares = [(int(n) / int(m), float(s)) for n, m, s in
-              re.findall(r"green context of (\d+) of (\d+) SMs \(sm_share ([\d.]+)\)", text)]
-    if not shares:
-        sys.exit(f"compare-steps.py: {run}.up.log names no green context")
-    return min(shares, key=lambda x: x[1])[0]  # the decode share is the smaller one configured
+    for sms, total, share in re.findall(r"green context of (\d+) of (\d+) SMs \(sm_share ([\d.]+)\)", text):
+        if abs(float(share) - wanted[0]) < 1e-6:
+            return int(sms) / int(total), sms
+    sys.exit(f"compare-steps.py: {run}.up.log names no green context of sm_share {wanted[0]}")
 
 
 def lone_steps(run):
@@ -285,7 +290,7 @@ def lone(args):
     print("| --- | --- | " + " | ".join("---" for _ in LONE_BANDS) + " |")
     for name in args.runs:
         run = pathlib.Path(name)
-        share = decode_share(run)
+        share, sms = decode_share(run)
         found = lone_steps(run)
         priced = price_decode(args, share, {(r, c) for r, c, _ in found})
         cells = []
@@ -293,7 +298,7 @@ def lone(args):
             band = [(ms, priced[(r, c)]) for r, c, ms in found if lo <= r <= hi]
             cells.append(f"{len(band)}, {mean([a for a, _ in band]):.1f} / {mean([b for _, b in band]):.1f}" if band else "")
         logs += [math.log(priced[(r, c)] / ms) for r, c, ms in found if ms > 0]
-        print(f"| {run.name} | {round(share * 132) if share else ''} ({share:.3f}) | " + " | ".join(cells) + " |")
+        print(f"| {run.name} | {sms} ({share:.3f}) | " + " | ".join(cells) + " |")
     if logs:
         print(f"\n{len(logs)} steps; RMS of log(priced / live) {math.sqrt(mean([x * x for x in logs])) * 100:.1f} %, "
               f"mean {(math.exp(mean(logs)) - 1) * 100:+.1f} %")
@@ -341,7 +346,7 @@ def main():
     pl.add_argument("--model", default="r1-distill-llama-8b", help="model preset the runs served")
     pl.add_argument("--duet", default=os.environ.get("DUET_BIN", str(root / "build/duet")))
     lo = sub.add_parser("lone")
-    lo.add_argument("runs", nargs="+", help="stored green-context serving runs, without .toml")
+    lo.add_argument("runs", nargs="+", help="stored serving runs, without .toml")
     lo.add_argument("--calibration", required=True)
     lo.add_argument("--model", default="r1-distill-llama-8b", help="model preset the runs served")
     lo.add_argument("--duet", default=os.environ.get("DUET_BIN", str(root / "build/duet")))
