@@ -477,16 +477,23 @@ expect(f"12-07h misses 2 of its 4 figures (worst 33 %), 12-07g 4 (worst 89 %) (g
        (held_h[0], worst(held_h[2]), held_g[0], worst(held_g[2])) == (2, 33, 4, 89))
 # 12-07i prices a green context's decode steps as they ran with no prefill step beside them (the
 # weights' and KV reads' rates on 24-52 SMs), and their slowdown beside prefill up to match.
-def lone_rms(calibration):
-    """(RMS, mean) of log(priced / live) over the green runs' lone decode steps, in %."""
-    out = subprocess.run([sys.executable, str(root / "scripts/compare-steps.py"), "lone", *at45, *seven,
+def lone_rms(calibration, run_list):
+    """(steps, RMS, mean) of log(priced / live) over the runs' lone decode steps, in %."""
+    out = subprocess.run([sys.executable, str(root / "scripts/compare-steps.py"), "lone", *run_list,
                           "--calibration", str(root / "config/calibration-duet" / calibration), "--duet", str(duet)],
                          check=True, capture_output=True, text=True).stdout
     found = re.search(r"(\d+) steps; RMS of log\(priced / live\) ([\d.]+) %, mean ([+-][\d.]+) %", out)
     return int(found[1]), float(found[2]), float(found[3])
-lone_h, lone_i = lone_rms("h100-cuda-engine-2026-12-07h.toml"), lone_rms("h100-cuda-engine-2026-12-07i.toml")
+lone_h, lone_i = (lone_rms(f"h100-cuda-engine-2026-12-{c}.toml", at45 + seven) for c in ("07h", "07i"))
 expect(f"4,116 lone decode steps; 12-07h prices them 15 % long (RMS 15.5 %), 12-07i within 1 % on average (RMS 6.2 %) (got {lone_h}, {lone_i})",
        lone_h == (4116, 15.5, 14.8) and lone_i == (4116, 6.2, 0.4))
+whole = [r for f in ("h100-serve-fixed-2026-12-06", "h100-serve-chunk768-2026-12-06") for r in runs(f, reps=True)]
+whole += [r for f in sorted(data.glob("h100-serve-conv*-2026-12-07")) + sorted(data.glob("h100-serve-mooncake*-2026-12-07"))
+          for r in runs(f.name, reps=True)]
+whole = [r for r in whole if "-pd-" in r and "green" not in r]
+lone_w = lone_rms("h100-cuda-engine-2026-12-07i.toml", whole)
+expect(f"with decode on the whole GPU (44 PD runs) 21,590 lone decode steps, priced within 1 % on average, RMS 4.2 % (got {len(whole)}, {lone_w})",
+       len(whole) == 44 and lone_w == (21590, 4.2, -0.2))
 nine = seven + at45 + [green60]
 scores_9 = {c: score(f"h100-cuda-engine-2026-12-{c}.toml", nine) for c in ("07h", "07i")}
 got_9 = {c: (v[0], v[1], worst(v[2])) for c, v in scores_9.items()}
