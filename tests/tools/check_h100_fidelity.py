@@ -383,7 +383,8 @@ c2048 = [at_900["07e"][r] for r in at_900["07e"] if "c2048" in r]
 expect(f"and the four PD-streams runs with 2,048-token chunks' inter-token figures within 10 % (got {c2048})",
        len(c2048) == 4 and all(abs(d[k]) <= 10 for d in c2048 for k in ("itl p50", "itl p99")))
 # Folders run after 12-07f was fitted, each scored out of sample below.
-HELD_OUT_07F = ("h100-serve-conv4s900-2026-12-07", "h100-serve-conv5s300-2026-12-07")
+# Folders of runs made after 12-07f was fitted (h100-serve-green45: after 12-07i).
+HELD_OUT_07F = ("h100-serve-conv4s900-2026-12-07", "h100-serve-conv5s300-2026-12-07", "h100-serve-green45-2026-12-07")
 # 12-07f: the partition's decode delay rising past 64 rows and 2,048-token prefill steps on streams
 # losing 0.95 of 1,024-token ones' share; over all 48 H100 runs of the fixed engine, in sample.
 all48 = runs("h100-serve-fixed-2026-12-06", reps=True) + [r for f in sorted(data.glob("h100-serve-*-2026-12-07"))
@@ -502,6 +503,17 @@ expect(f"on the nine green runs 12-07i misses 5 of 36 (2 outside the band, worst
 at45_i = scores_9["07i"][2][pathlib.Path(at45[0]).name]
 expect(f"12-07i prices green:0.8 at x4.5's TTFT within 1 % (12-07h -33 / -21 %) (got {at45_i})",
        abs(at45_i["ttft p50"]) <= 1 and abs(at45_i["ttft p99"]) <= 1)
+# Out of sample for 12-07i and 12-07h: green 0.7 and 0.75 at x4.5, predicted before they ran.
+later45 = runs("h100-serve-green45-2026-12-07")
+out45 = {c: score(f"h100-cuda-engine-2026-12-{c}.toml", later45) for c in ("07i", "07h")}
+got45 = {c: (v[0], v[1], worst(v[2])) for c, v in out45.items()}
+expect(f"green 0.7 and 0.75 at x4.5: each calibration misses 2 of 8 (none outside the band), worst 34 / 33 % (got {got45})",
+       len(later45) == 2 and got45 == {"07i": (2, 0, 34), "07h": (2, 0, 33)})
+itl70 = {c: out45[c][2]["conv45s2100-pd-green70-b256-c2048-fd-42s"]["itl p99"] for c in out45}
+expect(f"green 0.7's ITL P99 within 4 % under 12-07i, -12 % under 12-07h (got {itl70})", itl70 == {"07i": -4, "07h": -12})
+lone45 = {c: lone_rms(f"h100-cuda-engine-2026-12-{c}.toml", later45) for c in ("07i", "07h")}
+expect(f"their 1,010 lone decode steps: 12-07i RMS 7.3 %, 12-07h 18.7 % (got {lone45})",
+       lone45 == {"07i": (1010, 7.3, 0.1), "07h": (1010, 18.7, 18.6)})
 reserves = [r for r in parted + runs("h100-serve-fixed-2026-12-06") if "-pd-reserve" in r]
 detail_rh, detail_ri = (score(f"h100-cuda-engine-2026-12-{c}.toml", reserves)[2] for c in ("07h", "07i"))
 moved_i = max(abs(detail_ri[r][k] - detail_rh[r][k]) for r in detail_ri for k in detail_ri[r])
