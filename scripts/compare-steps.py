@@ -28,8 +28,9 @@ engine call's wall time; simulated: its modelled time), sequences, tokens, conte
   compare-steps.py lone RUN... --calibration CAL [--model PRESET] [--duet BIN]
       The decode steps of stored runs that no prefill step overlapped at all, each against the
       same step (rows, context per row to 64 tokens) priced alone on the decode worker's SMs (the
-      green context of its sm_share, named in RUN.up.log, or the whole GPU) by `duet bench engine --engine sim --sm-share`: live and priced
-      means by band of rows, per run, and the RMS of log(priced / live) over every step of 9+ rows.
+      green context of its sm_share, named in RUN.up.log, or the whole GPU) by `duet bench engine
+      --engine sim --sm-share`: live and priced means by band of rows, per run, and the RMS of
+      log(priced / live) over every step of 9+ rows.
 """
 import argparse
 import bisect

@@ -9,7 +9,6 @@ them it exits 77 (skipped).
 """
 import pathlib
 import re
-import subprocess
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -479,12 +478,9 @@ expect(f"12-07h misses 2 of its 4 figures (worst 33 %), 12-07g 4 (worst 89 %) (g
 # 12-07i prices a green context's decode steps as they ran with no prefill step beside them (the
 # weights' and KV reads' rates on 24-52 SMs), and their slowdown beside prefill up to match.
 def lone_rms(calibration, run_list):
-    """(steps, RMS, mean) of log(priced / live) over the runs' lone decode steps, in %."""
-    out = subprocess.run([sys.executable, str(root / "scripts/compare-steps.py"), "lone", *run_list,
-                          "--calibration", str(root / "config/calibration-duet" / calibration), "--duet", str(duet)],
-                         check=True, capture_output=True, text=True).stdout
-    found = re.search(r"(\d+) steps; RMS of log\(priced / live\) ([\d.]+) %, mean ([+-][\d.]+) %", out)
-    return int(found[1]), float(found[2]), float(found[3])
+    return fidelity.lone_decode(root, duet, calibration, run_list)
+
+
 lone_h, lone_i = (lone_rms(f"h100-cuda-engine-2026-12-{c}.toml", at45 + seven) for c in ("07h", "07i"))
 expect(f"4,116 lone decode steps; 12-07h prices them 15 % long (RMS 15.5 %), 12-07i within 1 % on average (RMS 6.2 %) (got {lone_h}, {lone_i})",
        lone_h == (4116, 15.5, 14.8) and lone_i == (4116, 6.2, 0.4))

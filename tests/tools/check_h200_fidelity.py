@@ -9,13 +9,11 @@ traces in ../shared/traces; without them it exits 77 (skipped).
     check_h200_fidelity.py REPO_ROOT DUET_BIN
 """
 import pathlib
-import re
-import subprocess
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from expectations import expect, finish  # noqa: E402
-from fidelity import arguments, leave_one_out, score  # noqa: E402
+from fidelity import arguments, leave_one_out, lone_decode, score  # noqa: E402
 
 root, duet, traces = arguments()
 folder = root / "docs/data/h200-serve-fixed-2026-12-06"
@@ -126,11 +124,8 @@ expect(f"code x1 at 0.85: ITL P50 / P99 within 15 % with 12-07c (+18 / +27 % wit
 # 12-07c prices the H200's 3 % short on average, inside the ±3 % speed band.
 pd_runs = sorted(str(p.with_suffix("")) for f in ("h200-serve-fixed-2026-12-06", "h200-serve-2026-12-06q")
                  for p in (root / "docs/data" / f).glob("*-pd-*.json"))
-lone = subprocess.run([sys.executable, str(root / "scripts/compare-steps.py"), "lone", *pd_runs, "--calibration",
-                       str(root / "config/calibration-duet/h200-cuda-engine-2026-12-07c.toml"), "--duet", str(duet)],
-                      check=True, capture_output=True, text=True).stdout
-found = re.search(r"(\d+) steps; RMS of log\(priced / live\) ([\d.]+) %, mean ([+-][\d.]+) %", lone)
-got_lone = (len(pd_runs), int(found[1]), float(found[2]), float(found[3]))
+steps, rms, average = lone_decode(root, duet, "h200-cuda-engine-2026-12-07c.toml", pd_runs)
+got_lone = (len(pd_runs), steps, rms, average)
 expect(f"20 PD runs, 16,982 lone decode steps, priced 3 % short on average, RMS 6.0 % (got {got_lone})",
        got_lone == (20, 16982, 6.0, -3.1))
 finish()

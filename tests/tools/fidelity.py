@@ -48,3 +48,13 @@ def leave_one_out(root, duet, traces, calibration, run_list, grids):
     m = re.search(r"^held out: (\d+) of \d+ figures over 15 %, worst (\d+) %.*in-sample best point: (\d+),"
                   r".*; (\d+) of \d+ runs left out moved the fit$", out.stdout, re.M)
     return tuple(int(g) for g in m.groups())
+
+
+def lone_decode(root, duet, calibration, run_list):
+    """(steps, RMS %, mean %) of log(priced / live) over the runs' decode steps that no prefill
+    step overlapped (scripts/compare-steps.py lone)."""
+    out = subprocess.run([sys.executable, str(root / "scripts/compare-steps.py"), "lone", *run_list, "--calibration",
+                          str(root / "config/calibration-duet" / calibration), "--duet", str(duet)],
+                         check=True, capture_output=True, text=True).stdout
+    found = re.search(r"(\d+) steps; RMS of log\(priced / live\) ([\d.]+) %, mean ([+-][\d.]+) %", out)
+    return int(found[1]), float(found[2]), float(found[3])
